@@ -1,0 +1,46 @@
+"""The root click group, shared options and the error-to-exit-code mapping."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from dssup.errors import ConfigError, DssupError
+from dssup.obs.log import configure_logging
+
+__all__ = ["DssupGroup", "main"]
+
+
+class DssupGroup(click.Group):
+    """Turns dssup's own errors into one line on stderr instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            click.echo(f"dssup: error: {exc}", err=True)
+            sys.exit(2)
+        except DssupError as exc:
+            click.echo(f"dssup: error: {exc}", err=True)
+            sys.exit(getattr(exc, "exit_code", 125))
+
+
+@click.group(cls=DssupGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Log lines as human text or one JSON object per line.")
+@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING, ERROR.")
+@click.version_option(package_name="dssup")
+def main(log_format: str, log_level: str) -> None:
+    """dssup keeps distributed training jobs from dying of GPU out-of-memory.
+
+    \b
+    Predict per-GPU memory before you launch:
+      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB
+    Find the cheapest config that fits, keeping the global batch exact:
+      dssup plan --model deepseek-v3 --gpus 1024 --global-batch-size 1024 --gpu-memory 80GiB
+    Run a torchrun job that recovers from OOM:
+      dssup run --global-batch-size 64 -- torchrun --nproc-per-node 2 train.py
+    """
+    configure_logging("json" if log_format == "json" else "text", log_level)

@@ -1,0 +1,89 @@
+"""The estimator's answer: every stage, every term in bytes, and why.
+
+This is the JSON contract of ``dssup estimate --json`` (documented in docs/estimate-json.md):
+other tools read it, so fields are only ever added, never renamed.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dssup.memory.config import Convention
+
+__all__ = ["ActivationTerm", "Estimate", "ParamCounts", "StageBytes", "StageEstimate"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class ParamCounts(BaseModel):
+    """Parameters held by one GPU of a stage before ZeRO sharding."""
+
+    model_config = _FROZEN
+    total: int = Field(description="all parameters on this GPU (after TP/EP split, before ZeRO)")
+    moe: int = Field(description="routed + shared experts and routers (sharded over EDP)")
+    non_moe: int = Field(description="everything else (sharded over DP)")
+
+
+class StageBytes(BaseModel):
+    """Device bytes of one GPU of a stage, term by term."""
+
+    model_config = _FROZEN
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int = Field(description="in-flight micro-batches x per-micro-batch activations")
+    activations_per_micro_batch: int
+    in_flight_micro_batches: int = Field(description="1F1B micro-batches held at the peak")
+    in_flight_factor: float = Field(description="multiplier on in-flight count (interleaving)")
+    zero3_working_set: int = Field(description="ZeRO-3 gathered parameters alive at once")
+    buffers: int = Field(description="communication buffers")
+    calibration: int = Field(description="shift learned from an observed run")
+    fragmentation: int
+    cuda_context: int = Field(description="outside the allocator; counts against the GPU")
+    total: int = Field(description="everything above: what must fit in GPU memory")
+
+    @property
+    def allocated(self) -> int:
+        """The allocator's peak (what torch.cuda.max_memory_allocated would report)."""
+        return self.total - self.fragmentation - self.cuda_context
+
+
+class ActivationTerm(BaseModel):
+    """One named activation tensor family, per micro-batch, summed over the stage's layers."""
+
+    model_config = _FROZEN
+    name: str
+    bytes: int
+
+
+class StageEstimate(BaseModel):
+    """One pipeline stage (every GPU of a stage holds the same)."""
+
+    model_config = _FROZEN
+    stage: int
+    layers: list[int] = Field(description="global indices of the layers on this stage")
+    params: ParamCounts
+    bytes: StageBytes
+    host_bytes: int = Field(description="host (CPU) memory per GPU: offloaded states")
+    activation_terms: list[ActivationTerm] = Field(default_factory=list)
+
+
+class Estimate(BaseModel):
+    """Per-GPU memory of a training config."""
+
+    model_config = _FROZEN
+    convention: Convention
+    model: str
+    world_size: int
+    stages: list[StageEstimate]
+    peak_stage: int
+    peak_bytes: int
+    peak_phase: str = Field(description="forward-backward (activations) or optimizer-step")
+    gpu_memory_bytes: int | None = None
+    fits: bool | None = None
+    headroom_bytes: int | None = None
+    assumptions: list[str]
+
+    @property
+    def peak(self) -> StageEstimate:
+        return self.stages[self.peak_stage]
