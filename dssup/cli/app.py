@@ -28,8 +28,13 @@ class DssupGroup(click.Group):
 
 
 @click.group(cls=DssupGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="Log lines as human text or one JSON object per line.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines as human text or one JSON object per line.",
+)
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING, ERROR.")
 @click.version_option(package_name="dssup")
 def main(log_format: str, log_level: str) -> None:

@@ -11,7 +11,7 @@ from dssup.memory.estimate import estimate
 from dssup.memory.hf import model_from_hf_config, preset, preset_names
 from dssup.memory.plan import Candidate, PlanRequest, PlanResult, plan
 from dssup.memory.result import Estimate, ParamCounts, StageBytes, StageEstimate
-from dssup.memory.spec import MLASpec, MoESpec, ModelSpec
+from dssup.memory.spec import MLASpec, ModelSpec, MoESpec
 
 __all__ = [
     "Candidate",

@@ -15,13 +15,13 @@ from dssup.errors import ConfigError
 
 __all__ = [
     "Convention",
+    "GiB",
     "Layout",
     "Overheads",
     "Precision",
     "Recompute",
     "Schedule",
     "Training",
-    "GiB",
 ]
 
 GiB = 1 << 30
@@ -42,7 +42,9 @@ class Layout(BaseModel):
     pp: int = Field(1, ge=1, description="pipeline-parallel stages")
     vpp: int = Field(1, ge=1, description="virtual pipeline chunks per stage (interleaved 1F1B)")
     ep: int = Field(1, ge=1, description="expert-parallel size (routed experts split over ep)")
-    etp: int = Field(1, ge=1, description="expert tensor-parallel size (each expert split over etp)")
+    etp: int = Field(
+        1, ge=1, description="expert tensor-parallel size (each expert split over etp)"
+    )
     dp: int = Field(1, ge=1, description="data-parallel size")
     cp: int = Field(1, ge=1, description="context-parallel size (sequence split over cp)")
     schedule: Schedule = Field("1f1b", description="pipeline schedule")
@@ -107,7 +109,9 @@ class Precision(BaseModel):
             "fp32": cls(weights=4, gradients=4, master=0, moments=4, activations=4),
         }
         if name not in table:
-            raise ConfigError("precision", f"unknown precision {name!r}", f"use one of {', '.join(table)}")
+            raise ConfigError(
+                "precision", f"unknown precision {name!r}", f"use one of {', '.join(table)}"
+            )
         return table[name]
 
 
@@ -115,24 +119,32 @@ class Training(BaseModel):
     """Per-step training knobs that change memory but not the model."""
 
     model_config = _FROZEN
-    micro_batch: int = Field(1, ge=1, description="b, sequences per micro-batch per data-parallel rank")
+    micro_batch: int = Field(
+        1, ge=1, description="b, sequences per micro-batch per data-parallel rank"
+    )
     seq_len: int = Field(4096, ge=1, description="s, tokens per sequence")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step (m)")
     recompute: Recompute = Field("none", description="activation recomputation level")
     flash_attention: bool | None = Field(
         None, description="fused attention stores no s^2 scores; None = convention default"
     )
-    dropout: bool | None = Field(None, description="dropout masks stored; None = convention default")
+    dropout: bool | None = Field(
+        None, description="dropout masks stored; None = convention default"
+    )
     precision: Precision | None = Field(None, description="None = convention default")
     zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage 0-3")
-    offload_optimizer: bool = Field(False, description="optimizer states (and master) in host memory")
+    offload_optimizer: bool = Field(
+        False, description="optimizer states (and master) in host memory"
+    )
     offload_params: bool = Field(False, description="ZeRO-3 parameters in host memory")
     moe_imbalance: float = Field(1.0, ge=1.0, description="max/mean routed tokens per rank")
 
     @model_validator(mode="after")
     def _check(self) -> Training:
         if self.offload_params and self.zero_stage != 3:
-            raise ConfigError("offload_params", "parameter offload needs ZeRO stage 3", "set --zero 3")
+            raise ConfigError(
+                "offload_params", "parameter offload needs ZeRO stage 3", "set --zero 3"
+            )
         return self
 
     def global_batch(self, dp: int) -> int:

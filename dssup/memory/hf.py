@@ -13,7 +13,7 @@ from typing import Any
 
 from dssup.errors import ConfigError, UnknownPreset
 from dssup.memory.presets import PRESETS
-from dssup.memory.spec import MLASpec, MoESpec, ModelSpec
+from dssup.memory.spec import MLASpec, ModelSpec, MoESpec
 
 __all__ = ["model_from_hf_config", "preset", "preset_names"]
 
@@ -28,7 +28,8 @@ def preset(name: str) -> ModelSpec:
     key = name.strip().lower()
     if key not in PRESETS:
         raise UnknownPreset(
-            "model", f"unknown preset {name!r}",
+            "model",
+            f"unknown preset {name!r}",
             f"use one of {', '.join(preset_names())} or a path to a config.json",
         )
     return model_from_hf_config(PRESETS[key], name=key)
@@ -39,8 +40,11 @@ def _req(cfg: Mapping[str, Any], key: str, *alts: str) -> int:
         value = cfg.get(k)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"config.json:{k}", f"expected a non-negative integer, got {value!r}",
-                                  f"set {k} to a whole number")
+                raise ConfigError(
+                    f"config.json:{k}",
+                    f"expected a non-negative integer, got {value!r}",
+                    f"set {k} to a whole number",
+                )
             return value
     raise ConfigError(f"config.json:{key}", "missing", f"add {key!r} to the config.json")
 
@@ -82,7 +86,8 @@ def _moe(cfg: Mapping[str, Any], ffn: int) -> MoESpec | None:
         shared_gate=gate,
         router_bias=cfg.get("topk_method") == "noaux_tc" or cfg.get("scoring_func") == "sigmoid",
         first_dense=_opt(cfg, "first_k_dense_replace", 0),
-        every=max(1, _opt(cfg, "decoder_sparse_step", 1)) if "decoder_sparse_step" in cfg
+        every=max(1, _opt(cfg, "decoder_sparse_step", 1))
+        if "decoder_sparse_step" in cfg
         else max(1, _opt(cfg, "moe_layer_freq", 1)),
         dense_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
     )

@@ -37,15 +37,19 @@ class StageBytes(BaseModel):
     in_flight_factor: float = Field(description="multiplier on in-flight count (interleaving)")
     zero3_working_set: int = Field(description="ZeRO-3 gathered parameters alive at once")
     buffers: int = Field(description="communication buffers")
+    optimizer_transient: int = Field(description="optimizer-step temporaries (foreach Adam)")
     calibration: int = Field(description="shift learned from an observed run")
     fragmentation: int
     cuda_context: int = Field(description="outside the allocator; counts against the GPU")
-    total: int = Field(description="everything above: what must fit in GPU memory")
+    total: int = Field(
+        description="max(forward-backward, optimizer-step) allocated bytes, plus fragmentation, "
+        "CUDA context and calibration: what must fit in GPU memory"
+    )
 
     @property
     def allocated(self) -> int:
         """The allocator's peak (what torch.cuda.max_memory_allocated would report)."""
-        return self.total - self.fragmentation - self.cuda_context
+        return self.total - self.fragmentation - self.cuda_context - self.calibration
 
 
 class ActivationTerm(BaseModel):
@@ -65,6 +69,7 @@ class StageEstimate(BaseModel):
     params: ParamCounts
     bytes: StageBytes
     host_bytes: int = Field(description="host (CPU) memory per GPU: offloaded states")
+    phase: str = Field(description="phase holding this stage's peak")
     activation_terms: list[ActivationTerm] = Field(default_factory=list)
 
 

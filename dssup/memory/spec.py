@@ -38,7 +38,9 @@ class MoESpec(BaseModel):
     top_k: int = Field(gt=0, description="N_r, routed experts activated per token")
     expert_ffn: int = Field(gt=0, description="h_E, intermediate size of one routed expert")
     shared_ffn: int = Field(ge=0, description="intermediate size of one shared expert")
-    shared_gate: bool = Field(False, description="a [1, h] sigmoid gate on the shared expert (Qwen2-MoE)")
+    shared_gate: bool = Field(
+        False, description="a [1, h] sigmoid gate on the shared expert (Qwen2-MoE)"
+    )
     router_bias: bool = Field(False, description="FP32 routing bias of N per layer (DeepSeek-V3)")
     first_dense: int = Field(0, ge=0, description="the first k layers use a dense MLP")
     every: int = Field(1, ge=1, description="every k-th layer (after first_dense) is MoE")
@@ -48,7 +50,9 @@ class MoESpec(BaseModel):
     def _check(self) -> MoESpec:
         if self.top_k > self.n_routed:
             raise ConfigError(
-                "moe.top_k", f"{self.top_k} exceeds n_routed={self.n_routed}", "use top_k <= n_routed"
+                "moe.top_k",
+                f"{self.top_k} exceeds n_routed={self.n_routed}",
+                "use top_k <= n_routed",
             )
         return self
 
@@ -75,14 +79,23 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.attention == "mla" and self.mla is None:
-            raise ConfigError("mla", "attention is 'mla' but no MLA dimensions were given",
-                              "set kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim")
+            raise ConfigError(
+                "mla",
+                "attention is 'mla' but no MLA dimensions were given",
+                "set kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim",
+            )
         if self.heads % self.kv_heads:
-            raise ConfigError("kv_heads", f"{self.kv_heads} does not divide heads={self.heads}",
-                              "use a divisor of the attention heads")
+            raise ConfigError(
+                "kv_heads",
+                f"{self.kv_heads} does not divide heads={self.heads}",
+                "use a divisor of the attention heads",
+            )
         if self.moe is not None and self.moe.first_dense > self.layers:
-            raise ConfigError("moe.first_dense", f"{self.moe.first_dense} exceeds layers={self.layers}",
-                              "use at most the number of layers")
+            raise ConfigError(
+                "moe.first_dense",
+                f"{self.moe.first_dense} exceeds layers={self.layers}",
+                "use at most the number of layers",
+            )
         return self
 
     def is_moe_layer(self, index: int) -> bool:

@@ -46,24 +46,33 @@ class PrometheusMetrics:
 
         self.registry = CollectorRegistry()
         self._requests = Counter(
-            "dssup_admission_requests", "Admission reviews answered.",
-            ["kind", "decision", "code"], registry=self.registry,
+            "dssup_admission_requests",
+            "Admission reviews answered.",
+            ["kind", "decision", "code"],
+            registry=self.registry,
         )
         self._duration = Histogram(
-            "dssup_admission_request_duration_seconds", "Time to decide one review.",
+            "dssup_admission_request_duration_seconds",
+            "Time to decide one review.",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0),
             registry=self.registry,
         )
         self._attempts = Counter(
-            "dssup_supervisor_attempts", "Attempts ended, by failure kind.",
-            ["failure_kind"], registry=self.registry,
+            "dssup_supervisor_attempts",
+            "Attempts ended, by failure kind.",
+            ["failure_kind"],
+            registry=self.registry,
         )
         self._recovery = Histogram(
-            "dssup_supervisor_recovery_seconds", "Worker death to relaunched torchrun.",
+            "dssup_supervisor_recovery_seconds",
+            "Worker death to relaunched torchrun.",
             registry=self.registry,
         )
         self._peak = Gauge(
-            "dssup_estimate_peak_bytes", "Predicted per-GPU peak.", ["model"], registry=self.registry
+            "dssup_estimate_peak_bytes",
+            "Predicted per-GPU peak.",
+            ["model"],
+            registry=self.registry,
         )
 
     def admission_request(self, kind: str, decision: str, code: str, seconds: float) -> None:

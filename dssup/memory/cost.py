@@ -1,0 +1,71 @@
+"""An explicit, documented cost model used to rank configs that fit.
+
+Step time in seconds on one GPU (all GPUs of a data-parallel job do the same work):
+
+    compute   = 6 * N_active * tokens_per_gpu / (peak_flops * mfu)
+                * recompute factor (none 1.00, selective 1.05, full 1.33)
+                * (1 + small_batch_tokens / (b * s))          # small micro-batches run slower
+                * (1 + (PP - 1) / (m * VPP))                  # pipeline bubble (1F1B)
+    zero3     = 2 * m * P_gpu * weight_bytes * (DP-1)/DP / dp_bandwidth
+                (parameters all-gathered for forward and backward of every micro-batch)
+    offload   = (grad + weight bytes of the shard) / pcie_bandwidth + shard / cpu_adam_rate
+                (+ 2 * m * P_gpu * weight_bytes / pcie_bandwidth with parameter offload)
+
+ZeRO 0-2 gradient traffic overlaps with backward and is not charged. The absolute figures
+depend on the hardware settings below (H100-class defaults); the ranking is what matters.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dssup.memory.config import Layout, Training
+
+__all__ = ["RECOMPUTE_FACTOR", "CostModel", "step_cost"]
+
+RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.05, "full": 4.0 / 3.0}
+
+
+class CostModel(BaseModel):
+    """Hardware figures for the cost model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    peak_flops: float = Field(989e12, gt=0, description="dense BF16 FLOP/s per GPU")
+    mfu: float = Field(0.4, gt=0, le=1, description="model FLOP utilisation achieved")
+    small_batch_tokens: int = Field(512, ge=0, description="tokens of fixed per-micro-batch cost")
+    dp_bandwidth: float = Field(25e9, gt=0, description="bytes/s per GPU for ZeRO-3 all-gathers")
+    pcie_bandwidth: float = Field(25e9, gt=0, description="bytes/s host<->device per GPU")
+    cpu_adam_rate: float = Field(
+        1e9, gt=0, description="parameters/s the host Adam updates per GPU"
+    )
+
+
+def step_cost(
+    cm: CostModel,
+    layout: Layout,
+    training: Training,
+    active_params: int,
+    gpu_params: int,
+    shard_params: int,
+    global_batch: int,
+    weight_bytes: int,
+    grad_bytes: int,
+) -> dict[str, float]:
+    """Seconds per optimizer step, by term; ``total`` is their sum."""
+    tokens_per_gpu = global_batch * training.seq_len / layout.world_size
+    compute = 6.0 * active_params * tokens_per_gpu / (cm.peak_flops * cm.mfu)
+    compute *= RECOMPUTE_FACTOR[training.recompute]
+    compute *= 1.0 + cm.small_batch_tokens / (training.micro_batch * training.seq_len)
+    compute *= 1.0 + (layout.pp - 1) / (training.grad_accum * layout.vpp)
+    terms = {"compute": compute, "zero3": 0.0, "offload": 0.0}
+    m = training.grad_accum
+    if training.zero_stage == 3 and layout.dp > 1:
+        gathered = 2 * m * gpu_params * weight_bytes * (layout.dp - 1) / layout.dp
+        terms["zero3"] = gathered / cm.dp_bandwidth
+    if training.offload_optimizer:
+        moved = shard_params * (grad_bytes + weight_bytes)
+        terms["offload"] = moved / cm.pcie_bandwidth + shard_params / cm.cpu_adam_rate
+    if training.offload_params:
+        terms["offload"] += 2 * m * gpu_params * weight_bytes / cm.pcie_bandwidth
+    terms["total"] = sum(terms.values())
+    return terms

@@ -1,0 +1,108 @@
+"""Which layers live on which pipeline stage, and the parameters one GPU of each stage holds.
+
+Embedding goes on the first stage, the final norm, head and MTP on the last (spec section 4).
+The even split fills stages with ceil(l/pp) layers and leaves the remainder to the last one
+(the paper's V3 partition: 4 x 15 + 1); when that would leave a stage empty it balances instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dssup.memory.config import Convention, Layout
+from dssup.memory.params import (
+    Split,
+    attention_params,
+    embedding_params,
+    mlp_params,
+    moe_params,
+    mtp_block_params,
+    norm_params,
+)
+from dssup.memory.spec import ModelSpec
+
+__all__ = ["StageParams", "padded_vocab", "partition", "stage_params"]
+
+
+def partition(layers: int, layout: Layout) -> list[range]:
+    """Global layer indices of each stage."""
+    pp = layout.pp
+    if layout.layers_per_stage is not None:
+        counts = list(layout.layers_per_stage)
+    else:
+        per = -(-layers // pp)
+        if per * (pp - 1) < layers:
+            counts = [per] * (pp - 1) + [layers - per * (pp - 1)]
+        else:
+            q, r = divmod(layers, pp)
+            counts = [q + 1 if i < r else q for i in range(pp)]
+    out, start = [], 0
+    for n in counts:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def padded_vocab(m: ModelSpec, tp: int, conv: Convention) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 * tp; the paper does not."""
+    if conv == "paper":
+        return m.vocab
+    unit = 128 * tp
+    return -(-m.vocab // unit) * unit
+
+
+@dataclass(frozen=True, slots=True)
+class StageParams:
+    """Parameters of one GPU of a stage, and the largest single layer (ZeRO-3 working set)."""
+
+    split: Split
+    largest_layer: int
+    attention_layers: int
+    moe_layers: int
+    dense_layers: int
+    first: bool
+    last: bool
+
+
+def _layer(m: ModelSpec, layout: Layout, conv: Convention, index: int) -> Split:
+    base = Split(non_moe=norm_params(m) + attention_params(m, layout.tp, conv))
+    if m.is_moe_layer(index):
+        return base + moe_params(m, layout, conv)
+    return base + Split(non_moe=mlp_params(m, layout.tp))
+
+
+def stage_params(
+    m: ModelSpec, layout: Layout, conv: Convention, layers: range, stage: int
+) -> StageParams:
+    first, last = stage == 0, stage == layout.pp - 1
+    total, largest = Split(), 0
+    for i in layers:
+        one = _layer(m, layout, conv, i)
+        total += one
+        largest = max(largest, one.total)
+    if conv == "megatron":
+        vocab = padded_vocab(m, layout.tp, conv)
+        emb = embedding_params(m, layout.tp, vocab)
+        if first:
+            total += Split(non_moe=emb)
+        if last:
+            head = 0 if (m.tie_embeddings and first) else emb
+            total += Split(non_moe=head + m.hidden)
+            if m.mtp_depth:
+                mtp = mtp_block_params(m, layout, conv, layout.tp).scale(m.mtp_depth)
+                total += mtp
+                largest = max(largest, mtp.total // m.mtp_depth)
+        largest = max(largest, emb)
+    elif conv == "paper" and (first or last):
+        emb = embedding_params(m, layout.tp, m.vocab)
+        total += Split(non_moe=emb * (int(first) + int(last and not (m.tie_embeddings and first))))
+    moe_layers = sum(m.is_moe_layer(i) for i in layers)
+    return StageParams(
+        split=total,
+        largest_layer=largest,
+        attention_layers=len(layers),
+        moe_layers=moe_layers,
+        dense_layers=len(layers) - moe_layers,
+        first=first,
+        last=last,
+    )
