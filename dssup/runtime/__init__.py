@@ -1,0 +1,14 @@
+"""Training-side helper: what a ``train.py`` imports to follow the plan ``dssup run`` hands it.
+
+The supervisor never imports this package (an import-linter contract keeps it that way): it is
+the only part of dssup that touches torch, and it runs inside the training workers. It reads the
+environment contract (``DSSUP_MICRO_BATCH_SIZE``, ``DSSUP_RESUME_FROM``, ...), can cap a worker's
+address space so that a CPU job fails with a real allocator error (the CPU stand-in for a CUDA
+OOM), saves and restores torch DCP checkpoints exactly (optimizer moments included), and ends a
+worker cleanly so that torchrun does not report a teardown abort as a failure.
+"""
+
+from dssup.runtime.plan import RuntimePlan, read_plan
+from dssup.runtime.process import clean_exit, memory_cap
+
+__all__ = ["RuntimePlan", "clean_exit", "memory_cap", "read_plan"]
