@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dssup.memory.config import Convention, Recompute
 from dssup.memory.spec import ModelSpec
@@ -171,8 +172,10 @@ def _moe_terms_megatron(c: Ctx) -> list[Term]:
     ]
 
 
+@lru_cache(maxsize=256)
 def layer_terms(c: Ctx, moe_layer: bool) -> list[Term]:
-    """Per-sample activation terms of one transformer layer."""
+    """Per-sample activation terms of one transformer layer (cached: layouts that differ only
+    in PP or DP share them, which keeps the planner fast)."""
     terms = _mla_terms(c) if c.m.mla is not None else _gqa_terms(c)
     if moe_layer:
         terms += _moe_terms_paper(c) if c.conv == "paper" else _moe_terms_megatron(c)

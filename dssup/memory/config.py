@@ -65,12 +65,6 @@ class Layout(BaseModel):
                 raise ConfigError("layers_per_stage", "negative layer count", "use counts >= 0")
         if self.schedule == "interleaved" and self.vpp < 2:
             raise ConfigError("vpp", "interleaved schedule needs vpp >= 2", "set --vpp 2 or more")
-        if (self.tp * self.cp * self.dp) % (self.ep * self.etp):
-            raise ConfigError(
-                "ep",
-                f"ep*etp={self.ep * self.etp} does not divide tp*cp*dp={self.tp * self.cp * self.dp}",
-                "choose ep and etp whose product divides the data-, tensor- and context-parallel GPUs",
-            )
         return self
 
     @property

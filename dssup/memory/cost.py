@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.memory.config import Layout, Training
 
-__all__ = ["RECOMPUTE_FACTOR", "CostModel", "step_cost"]
+__all__ = ["RECOMPUTE_FACTOR", "CostModel", "cost_terms", "step_cost"]
+
 
 RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.05, "full": 4.0 / 3.0}
 
@@ -52,20 +53,66 @@ def step_cost(
     grad_bytes: int,
 ) -> dict[str, float]:
     """Seconds per optimizer step, by term; ``total`` is their sum."""
-    tokens_per_gpu = global_batch * training.seq_len / layout.world_size
-    compute = 6.0 * active_params * tokens_per_gpu / (cm.peak_flops * cm.mfu)
-    compute *= RECOMPUTE_FACTOR[training.recompute]
-    compute *= 1.0 + cm.small_batch_tokens / (training.micro_batch * training.seq_len)
-    compute *= 1.0 + (layout.pp - 1) / (training.grad_accum * layout.vpp)
-    terms = {"compute": compute, "zero3": 0.0, "offload": 0.0}
-    m = training.grad_accum
-    if training.zero_stage == 3 and layout.dp > 1:
-        gathered = 2 * m * gpu_params * weight_bytes * (layout.dp - 1) / layout.dp
-        terms["zero3"] = gathered / cm.dp_bandwidth
-    if training.offload_optimizer:
-        moved = shard_params * (grad_bytes + weight_bytes)
-        terms["offload"] = moved / cm.pcie_bandwidth + shard_params / cm.cpu_adam_rate
-    if training.offload_params:
-        terms["offload"] += 2 * m * gpu_params * weight_bytes / cm.pcie_bandwidth
-    terms["total"] = sum(terms.values())
-    return terms
+    t = training
+    compute, zero3, offload = cost_terms(
+        cm,
+        layout.pp,
+        layout.vpp,
+        layout.dp,
+        layout.world_size,
+        t.seq_len,
+        t.micro_batch,
+        t.grad_accum,
+        t.recompute,
+        t.zero_stage,
+        t.offload_optimizer,
+        t.offload_params,
+        active_params,
+        gpu_params,
+        shard_params,
+        global_batch,
+        weight_bytes,
+        grad_bytes,
+    )
+    return {
+        "compute": compute,
+        "zero3": zero3,
+        "offload": offload,
+        "total": compute + zero3 + offload,
+    }
+
+
+def cost_terms(
+    cm: CostModel,
+    pp: int,
+    vpp: int,
+    dp: int,
+    world: int,
+    seq: int,
+    b: int,
+    m: int,
+    recompute: str,
+    zero: int,
+    off_opt: bool,
+    off_par: bool,
+    active: int,
+    gpu_params: int,
+    shard: int,
+    global_batch: int,
+    wbytes: int,
+    gbytes: int,
+) -> tuple[float, float, float]:
+    tokens_per_gpu = global_batch * seq / world
+    compute = 6.0 * active * tokens_per_gpu / (cm.peak_flops * cm.mfu)
+    compute *= RECOMPUTE_FACTOR[recompute]
+    compute *= 1.0 + cm.small_batch_tokens / (b * seq)
+    compute *= 1.0 + (pp - 1) / (m * vpp)
+    zero3 = 0.0
+    if zero == 3 and dp > 1:
+        zero3 = 2 * m * gpu_params * wbytes * (dp - 1) / dp / cm.dp_bandwidth
+    offload = 0.0
+    if off_opt:
+        offload = shard * (gbytes + wbytes) / cm.pcie_bandwidth + shard / cm.cpu_adam_rate
+    if off_par:
+        offload += 2 * m * gpu_params * wbytes / cm.pcie_bandwidth
+    return compute, zero3, offload

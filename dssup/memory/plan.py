@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
-from dssup.memory.activations import keep
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.cost import CostModel, step_cost
+from dssup.memory.core import PreparedStage, prepare, states
+from dssup.memory.cost import CostModel, cost_terms, step_cost
 from dssup.memory.defaults import Resolved, resolve
-from dssup.memory.estimate import in_flight, make_ctx, stage_activation_terms
+from dssup.memory.params import model_total
 from dssup.memory.spec import ModelSpec
-from dssup.memory.stages import StageParams, partition, stage_params
 from dssup.memory.validate import divisors, validate
-from dssup.memory.zero import model_states
 
 __all__ = ["Candidate", "PlanRequest", "PlanResult", "plan"]
 
@@ -77,14 +76,6 @@ class PlanResult(BaseModel):
     closest: Candidate | None = Field(description="smallest peak among those that do not fit")
 
 
-class _Stage:
-    __slots__ = ("acts", "count", "params", "pp_index")
-
-    def __init__(self, params: StageParams, acts: dict[Recompute, int], pp_index: int) -> None:
-        self.params, self.acts, self.pp_index = params, acts, pp_index
-        self.count = 0
-
-
 def _world(req: PlanRequest) -> int:
     return req.world_size or req.layout.world_size
 
@@ -119,95 +110,17 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
                 )
 
 
-def _prepare(req: PlanRequest, layout: Layout, r: Resolved) -> list[_Stage] | None:
-    m, conv = req.model, req.convention
-    try:
-        validate(m, layout, req.training)
-    except ConfigError:
-        if req.search_parallelism:
-            return None
-        raise
-    c = make_ctx(m, layout, req.training, conv, r)
-    out = []
-    for i, layers in enumerate(partition(m.layers, layout)):
-        sp = stage_params(m, layout, conv, layers, i)
-        terms = stage_activation_terms(c, m, layers, sp)
-        acts = {rc: sum(t.bytes for t in terms if keep(t.group, rc)) for rc in req.recompute}
-        out.append(_Stage(sp, acts, i))
-    return out
-
-
-def _candidate_trainings(req: PlanRequest, layout: Layout) -> Iterator[Training]:
-    rows = req.global_batch // layout.dp
-    micro = req.micro_batches or tuple(divisors(rows))
-    offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
-    for zero in req.zero_stages:
-        for off_opt, off_par in offloads:
-            if off_par and zero != 3:
-                continue
-            for rc in req.recompute:
-                for b in micro:
-                    if rows % b == 0:
-                        yield req.training.model_copy(
-                            update={
-                                "micro_batch": b,
-                                "grad_accum": rows // b,
-                                "recompute": rc,
-                                "zero_stage": zero,
-                                "offload_optimizer": off_opt,
-                                "offload_params": off_par,
-                            }
-                        )
-
-
-def _peak(
-    req: PlanRequest,
-    layout: Layout,
-    stages: list[_Stage],
-    t: Training,
-    r: Resolved,
-    ov: Overheads,
-) -> tuple[int, int, str, int]:
-    """(peak bytes, peak stage, phase, shard params of the peak stage) — estimate's arithmetic."""
-    dp_shard = layout.dp * (layout.cp if req.convention == "megatron" else 1)
-    best = (-1, 0, "", 0)
+def _groups(stages: list[PreparedStage]) -> list[PreparedStage]:
+    """One stage per kind: stages with equal parameters and activations peak at the lowest
+    index (it holds the most in-flight micro-batches), so only that one can be the peak."""
+    seen: dict[tuple[object, ...], PreparedStage] = {}
     for st in stages:
-        split = st.params.split.scale(2) if layout.schedule == "dualpipe" else st.params.split
-        ms = model_states(
-            split.non_moe,
-            split.moe,
-            dp_shard,
-            layout.edp,
-            t.zero_stage,
-            r.precision,
-            t.offload_optimizer,
-            t.offload_params,
-        )
-        count, factor = in_flight(layout, st.pp_index, t.grad_accum)
-        acts = math.ceil(st.acts[t.recompute] * t.micro_batch * count * factor)
-        ws = 0
-        if t.zero_stage == 3:
-            live = min(
-                ov.zero3_max_live_parameters, st.params.largest_layer + ov.zero3_prefetch_bucket
-            )
-            ws = r.precision.weights * live
-        static = ms.weights + ms.gradients + ms.optimizer
-        fb = static + acts + ws + r.comm_buffer_bytes
-        transient = 0 if t.offload_optimizer else r.optimizer_transient_per_param * ms.shard_params
-        opt = static + transient
-        alloc = max(fb, opt)
-        total = (
-            alloc + math.ceil(alloc * r.fragmentation) + r.cuda_context_bytes + ov.calibration_bytes
-        )
-        if total > best[0]:
-            phase = "forward-backward" if fb >= opt else "optimizer-step"
-            best = (total, st.pp_index, phase, ms.shard_params)
-    return best
+        key = (st.params.split, tuple(sorted(st.acts.items())), st.params.largest_layer)
+        seen.setdefault(key, st)
+    return list(seen.values())
 
 
 def _active_params(m: ModelSpec) -> int:
-    from dssup.memory.params import model_total
-
     total = model_total(m, "megatron")
     if m.moe is None:
         return total
@@ -215,58 +128,198 @@ def _active_params(m: ModelSpec) -> int:
     return total - inactive * m.moe_layer_count
 
 
+_Key = tuple[int, int, bool, bool, Recompute]
+_Hit = tuple[float, int, Layout, _Key, int, str, int]
+
+
+class _Row(NamedTuple):
+    """One stage kind under one (ZeRO, offload) choice: what the inner loop reads."""
+
+    stage: int
+    depth: int  # pp - index: 1F1B in-flight bound
+    fixed: int  # in-flight count independent of m (pp == 1, DualPipe); 0 = use depth/m
+    factor: float
+    acts: dict[Recompute, int]
+    base_fb: int
+    opt: int
+    shard: int
+
+
+class _Search:
+    """The inner loop: integer arithmetic only, identical to ``estimate``'s."""
+
+    def __init__(self, req: PlanRequest) -> None:
+        self.req = req
+        self.ov = req.overheads or Overheads()
+        self.r: Resolved = resolve(req.convention, req.training, self.ov)
+        self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
+        self.active = _active_params(req.model)
+        self.evaluated = 0
+        self.fitting: list[_Hit] = []
+        self.closest: _Hit | None = None
+
+    def layout(self, layout: Layout) -> None:
+        req, r = self.req, self.r
+        try:
+            validate(req.model, layout, req.training)
+        except ConfigError:
+            if req.search_parallelism:
+                return
+            raise
+        groups = _groups(prepare(req.model, layout, req.training, req.convention, r))
+        gpu_params = max(g.params.split.total for g in groups)
+        rows = req.global_batch // layout.dp
+        micro = [b for b in (req.micro_batches or divisors(rows)) if rows % b == 0]
+        offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
+        for zero in req.zero_stages:
+            for off_opt, off_par in offloads:
+                if off_par and zero != 3:
+                    continue
+                knobs = req.training.model_copy(
+                    update={
+                        "zero_stage": zero,
+                        "offload_optimizer": off_opt,
+                        "offload_params": off_par,
+                    }
+                )
+                rows_st = self._rows(layout, groups, knobs)
+                for rc in req.recompute:
+                    self._sweep(
+                        layout, rows_st, zero, off_opt, off_par, rc, micro, rows, gpu_params
+                    )
+
+    def _sweep(
+        self,
+        layout: Layout,
+        rows_st: list[_Row],
+        zero: int,
+        off_opt: bool,
+        off_par: bool,
+        rc: Recompute,
+        micro: list[int],
+        rows: int,
+        gpu_params: int,
+    ) -> None:
+        """All micro-batch sizes for one (ZeRO, offload, recompute): the hot loop."""
+        r, ov = self.r, self.ov
+        frag, extra, budget = (
+            r.fragmentation,
+            r.cuda_context_bytes + ov.calibration_bytes,
+            self.budget,
+        )
+        table = [(g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt) for g in rows_st]
+        for b in micro:
+            m = rows // b
+            best, row, fb_best = -1, rows_st[0], 0
+            for g, fixed, depth, a, base_fb, opt in table:
+                fb = base_fb + math.ceil(a * b * (fixed or (depth if depth < m else m)))
+                alloc = fb if fb >= opt else opt
+                if alloc > best:
+                    best, row, fb_best = alloc, g, fb
+            total = best + math.ceil(best * frag) + extra
+            self.evaluated += 1
+            key = (zero, b, off_opt, off_par, rc)
+            phase = "forward-backward" if fb_best >= row.opt else "optimizer-step"
+            if total <= budget:
+                cost = cost_terms(
+                    self.req.cost,
+                    layout.pp,
+                    layout.vpp,
+                    layout.dp,
+                    layout.world_size,
+                    self.req.training.seq_len,
+                    b,
+                    m,
+                    rc,
+                    zero,
+                    off_opt,
+                    off_par,
+                    self.active,
+                    gpu_params,
+                    row.shard,
+                    self.req.global_batch,
+                    r.precision.weights,
+                    r.precision.gradients,
+                )
+                self.fitting.append((sum(cost), total, layout, key, row.stage, phase, m))
+            elif self.closest is None or total < self.closest[1]:
+                self.closest = (0.0, total, layout, key, row.stage, phase, m)
+
+    def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
+        out = []
+        pp, sched = layout.pp, layout.schedule
+        factor = 1.0 + (pp - 1) / (pp * layout.vpp) if sched == "interleaved" else 1.0
+        for g in groups:
+            s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
+            fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
+            out.append(
+                _Row(
+                    g.index,
+                    pp - g.index,
+                    fixed,
+                    factor,
+                    g.acts,
+                    s.static + s.working_set + self.r.comm_buffer_bytes,
+                    s.static + s.transient,
+                    s.ms.shard_params,
+                )
+            )
+        return out
+
+    def candidate(self, hit: _Hit) -> Candidate:
+        _, total, layout, key, stage, phase, m = hit
+        zero, b, off_opt, off_par, rc = key
+        t = self.req.training.model_copy(
+            update={
+                "micro_batch": b,
+                "grad_accum": m,
+                "recompute": rc,
+                "zero_stage": zero,
+                "offload_optimizer": off_opt,
+                "offload_params": off_par,
+            }
+        )
+        # re-derive the cost terms for the few configs returned
+        prepared = prepare(self.req.model, layout, t, self.req.convention, self.r)
+        gpu_params = max(p.params.split.total for p in prepared)
+        shard = states(
+            prepared[stage], layout, t, self.req.convention, self.r, self.ov
+        ).ms.shard_params
+        cost = step_cost(
+            self.req.cost,
+            layout,
+            t,
+            self.active,
+            gpu_params,
+            shard,
+            self.req.global_batch,
+            self.r.precision.weights,
+            self.r.precision.gradients,
+        )
+        return Candidate(
+            layout=layout,
+            training=t,
+            peak_bytes=total,
+            peak_stage=stage,
+            phase=phase,
+            fits=total <= self.budget,
+            headroom_bytes=self.req.gpu_memory_bytes - total,
+            step_time_s=cost["total"],
+            cost_terms=cost,
+        )
+
+
 def plan(req: PlanRequest) -> PlanResult:
-    """Every config in the search space that fits, ranked by ``cost.step_cost``."""
-    ov = req.overheads or Overheads()
-    r = resolve(req.convention, req.training, ov)
-    budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
-    active = _active_params(req.model)
-    fitting: list[Candidate] = []
-    closest: Candidate | None = None
-    evaluated = 0
+    """Every config in the search space that fits, ranked by the cost model (``cost.py``)."""
+    search = _Search(req)
     for layout in _layouts(req):
-        if req.global_batch % layout.dp:
-            continue
-        stages = _prepare(req, layout, r)
-        if stages is None:
-            continue
-        gpu_params = max(s.params.split.total for s in stages)
-        for t in _candidate_trainings(req, layout):
-            evaluated += 1
-            peak, stage, phase, shard = _peak(req, layout, stages, t, r, ov)
-            fits = peak <= budget
-            if not fits and closest is not None and peak >= closest.peak_bytes:
-                continue
-            cost = step_cost(
-                req.cost,
-                layout,
-                t,
-                active,
-                gpu_params,
-                shard,
-                req.global_batch,
-                r.precision.weights,
-                r.precision.gradients,
-            )
-            cand = Candidate(
-                layout=layout,
-                training=t,
-                peak_bytes=peak,
-                peak_stage=stage,
-                phase=phase,
-                fits=fits,
-                headroom_bytes=req.gpu_memory_bytes - peak,
-                step_time_s=cost["total"],
-                cost_terms=cost,
-            )
-            if fits:
-                fitting.append(cand)
-            else:
-                closest = cand
-    fitting.sort(key=lambda c: (c.step_time_s, -c.headroom_bytes))
+        if req.global_batch % layout.dp == 0:
+            search.layout(layout)
+    search.fitting.sort(key=lambda row: (row[0], row[1]))
+    chosen = [search.candidate(hit) for hit in search.fitting[: req.limit]]
+    closest = None
+    if not chosen and search.closest is not None:
+        closest = search.candidate(search.closest)
     return PlanResult(
-        candidates=fitting[: req.limit],
-        evaluated=evaluated,
-        fitting=len(fitting),
-        closest=None if fitting else closest,
+        candidates=chosen, evaluated=search.evaluated, fitting=len(search.fitting), closest=closest
     )

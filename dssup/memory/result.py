@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.memory.config import Convention
 
-__all__ = ["ActivationTerm", "Estimate", "ParamCounts", "StageBytes", "StageEstimate"]
+__all__ = ["Estimate", "ParamCounts", "StageBytes", "StageEstimate"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -52,14 +52,6 @@ class StageBytes(BaseModel):
         return self.total - self.fragmentation - self.cuda_context - self.calibration
 
 
-class ActivationTerm(BaseModel):
-    """One named activation tensor family, per micro-batch, summed over the stage's layers."""
-
-    model_config = _FROZEN
-    name: str
-    bytes: int
-
-
 class StageEstimate(BaseModel):
     """One pipeline stage (every GPU of a stage holds the same)."""
 
@@ -70,7 +62,9 @@ class StageEstimate(BaseModel):
     bytes: StageBytes
     host_bytes: int = Field(description="host (CPU) memory per GPU: offloaded states")
     phase: str = Field(description="phase holding this stage's peak")
-    activation_terms: list[ActivationTerm] = Field(default_factory=list)
+    activation_terms: dict[str, int] = Field(
+        default_factory=dict, description="per-micro-batch activation bytes by tensor family"
+    )
 
 
 class Estimate(BaseModel):

@@ -8,6 +8,7 @@ The even split fills stages with ceil(l/pp) layers and leaves the remainder to t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dssup.memory.config import Convention, Layout
 from dssup.memory.params import (
@@ -64,9 +65,17 @@ class StageParams:
     last: bool
 
 
-def _layer(m: ModelSpec, layout: Layout, conv: Convention, index: int) -> Split:
+def _layer(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -> Split:
+    return _layer_cached(m, layout.tp, layout.ep, layout.etp, conv, is_moe)
+
+
+@lru_cache(maxsize=256)
+def _layer_cached(
+    m: ModelSpec, tp: int, ep: int, etp: int, conv: Convention, is_moe: bool
+) -> Split:
+    layout = Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
     base = Split(non_moe=norm_params(m) + attention_params(m, layout.tp, conv))
-    if m.is_moe_layer(index):
+    if is_moe:
         return base + moe_params(m, layout, conv)
     return base + Split(non_moe=mlp_params(m, layout.tp))
 
@@ -75,11 +84,13 @@ def stage_params(
     m: ModelSpec, layout: Layout, conv: Convention, layers: range, stage: int
 ) -> StageParams:
     first, last = stage == 0, stage == layout.pp - 1
+    moe_layers = sum(m.is_moe_layer(i) for i in layers)
     total, largest = Split(), 0
-    for i in layers:
-        one = _layer(m, layout, conv, i)
-        total += one
-        largest = max(largest, one.total)
+    for is_moe, count in ((True, moe_layers), (False, len(layers) - moe_layers)):
+        if count:
+            one = _layer(m, layout, conv, is_moe)
+            total += one.scale(count)
+            largest = max(largest, one.total)
     if conv == "megatron":
         vocab = padded_vocab(m, layout.tp, conv)
         emb = embedding_params(m, layout.tp, vocab)
@@ -96,7 +107,6 @@ def stage_params(
     elif conv == "paper" and (first or last):
         emb = embedding_params(m, layout.tp, m.vocab)
         total += Split(non_moe=emb * (int(first) + int(last and not (m.tie_embeddings and first))))
-    moe_layers = sum(m.is_moe_layer(i) for i in layers)
     return StageParams(
         split=total,
         largest_layer=largest,

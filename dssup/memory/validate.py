@@ -64,6 +64,16 @@ def _check_experts(m: ModelSpec, layout: Layout) -> None:
         )
 
 
+def _check_groups(layout: Layout) -> None:
+    group = layout.ep * layout.etp
+    if (layout.tp * layout.cp * layout.dp) % group:
+        raise ConfigError(
+            "ep",
+            f"ep*etp={group} does not divide tp*cp*dp={layout.tp * layout.cp * layout.dp}",
+            "choose ep and etp whose product divides the tensor-, context- and data-parallel GPUs",
+        )
+
+
 def _check_pp(m: ModelSpec, layout: Layout) -> None:
     if layout.pp > m.layers:
         raise ConfigError(
@@ -90,6 +100,7 @@ def validate(m: ModelSpec, layout: Layout, training: Training) -> None:
     """Raise ``ConfigError`` for the first inconsistency between model, layout and training."""
     _check_tp(m, layout)
     _check_experts(m, layout)
+    _check_groups(layout)
     _check_pp(m, layout)
     if training.seq_len % layout.cp:
         raise ConfigError(

@@ -7,8 +7,8 @@ import pytest
 from dssup.memory import Layout, Training, estimate, preset
 from dssup.memory.activations import layer_terms
 from dssup.memory.config import Overheads
+from dssup.memory.core import make_ctx
 from dssup.memory.defaults import resolve
-from dssup.memory.estimate import make_ctx
 from dssup.memory.params import attention_params, model_total, moe_params, norm_params
 
 V3_STAGE = Layout(tp=2, pp=16, ep=8, etp=1, dp=32)

@@ -1,0 +1,148 @@
+"""The arithmetic shared by ``estimate`` and ``plan``, so both always agree to the byte.
+
+A pipeline stage is prepared once per layout: its parameters and its per-sample activation
+terms depend only on which layers it holds (stages with the same kind of layers share the
+work). Everything that varies per config -- micro-batch, accumulation, recompute, ZeRO,
+offload -- is then a handful of integer operations in ``alloc``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_terms
+from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
+from dssup.memory.defaults import Resolved
+from dssup.memory.spec import ModelSpec
+from dssup.memory.stages import StageParams, padded_vocab, partition, stage_params
+from dssup.memory.zero import ModelStates, model_states
+
+__all__ = ["PreparedStage", "States", "in_flight", "make_ctx", "prepare", "states"]
+
+
+def make_ctx(
+    m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
+) -> Ctx:
+    return Ctx(
+        m=m,
+        conv=conv,
+        t=layout.tp,
+        seq=layout.tp if layout.sp else 1,
+        s=training.seq_len // layout.cp,
+        s_full=training.seq_len,
+        flash=r.flash,
+        dropout=r.dropout,
+        ep=layout.ep,
+        etp=layout.etp,
+        imbalance=training.moe_imbalance,
+        vocab=padded_vocab(m, layout.tp, conv),
+    )
+
+
+def in_flight(layout: Layout, stage: int, grad_accum: int) -> tuple[int, float]:
+    """Micro-batches whose activations are alive at the peak of ``stage``, and the interleaving
+    factor (1F1B: min(PP - i, m); interleaved: x (1 + (PP-1)/(PP*VPP)); DualPipe: PP + 1)."""
+    pp = layout.pp
+    if pp == 1:
+        return 1, 1.0
+    if layout.schedule == "dualpipe":
+        return pp + 1, 1.0
+    count = min(pp - stage, grad_accum)
+    if layout.schedule == "interleaved":
+        return count, 1.0 + (pp - 1) / (pp * layout.vpp)
+    return count, 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedStage:
+    """A stage with everything that does not depend on the per-config knobs."""
+
+    index: int
+    layers: range
+    params: StageParams
+    terms: tuple[Term, ...]  # per sample, every group
+    acts: dict[Recompute, int]  # kept per-sample bytes by recompute level
+
+
+def _terms(c: Ctx, m: ModelSpec, sp: StageParams) -> tuple[Term, ...]:
+    sums: dict[tuple[str, str], int] = {}
+    for moe_layer, count in ((True, sp.moe_layers), (False, sp.dense_layers)):
+        if count:
+            for t in layer_terms(c, moe_layer):
+                sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes * count
+    mtp = layer_terms(c, m.moe is not None) if (sp.last and m.mtp_depth) else []
+    for t in stage_io_terms(c, sp.first, sp.last, mtp):
+        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
+    return tuple(Term(name, group, b) for (name, group), b in sums.items())
+
+
+def prepare(
+    m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
+) -> list[PreparedStage]:
+    """Parameters and activation terms of every stage of ``layout``."""
+    c = make_ctx(m, layout, training, conv, r)
+    cache: dict[
+        tuple[int, int, bool, bool], tuple[StageParams, tuple[Term, ...], dict[Recompute, int]]
+    ] = {}
+    out = []
+    for i, layers in enumerate(partition(m.layers, layout)):
+        moe = sum(m.is_moe_layer(j) for j in layers)
+        key = (moe, len(layers) - moe, i == 0, i == layout.pp - 1)
+        if key not in cache:
+            sp = stage_params(m, layout, conv, layers, i)
+            terms = _terms(c, m, sp)
+            acts = {rc: sum(t.bytes for t in terms if keep(t.group, rc)) for rc in RECOMPUTE_LEVELS}
+            cache[key] = (sp, terms, acts)
+        sp, terms, acts = cache[key]
+        out.append(PreparedStage(i, layers, sp, terms, acts))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class States:
+    """Config-dependent, micro-batch-independent bytes of one stage."""
+
+    ms: ModelStates
+    static: int  # weights + gradients + optimizer on the device
+    working_set: int  # ZeRO-3 gathered parameters
+    transient: int  # optimizer-step temporaries
+    host: int
+
+
+def states(
+    st: PreparedStage, layout: Layout, t: Training, conv: Convention, r: Resolved, ov: Overheads
+) -> States:
+    split = st.params.split.scale(2) if layout.schedule == "dualpipe" else st.params.split
+    dp_shard = layout.dp * (layout.cp if conv == "megatron" else 1)
+    ms = model_states(
+        split.non_moe,
+        split.moe,
+        dp_shard,
+        layout.edp,
+        t.zero_stage,
+        r.precision,
+        t.offload_optimizer,
+        t.offload_params,
+    )
+    ws = 0
+    if t.zero_stage == 3:
+        live = min(ov.zero3_max_live_parameters, st.params.largest_layer + ov.zero3_prefetch_bucket)
+        ws = r.precision.weights * live
+    transient = r.optimizer_transient_per_param * ms.shard_params
+    host = ms.host + (transient if t.offload_optimizer else 0)
+    if t.offload_optimizer:
+        transient = 0
+    return States(ms, ms.weights + ms.gradients + ms.optimizer, ws, transient, host)
+
+
+def activations(per_sample: int, micro_batch: int, count: int, factor: float) -> tuple[int, int]:
+    """(per-micro-batch bytes, in-flight bytes)."""
+    per_mb = per_sample * micro_batch
+    return per_mb, math.ceil(per_mb * count * factor)
+
+
+def finish(alloc: int, r: Resolved, ov: Overheads) -> tuple[int, int]:
+    """(fragmentation bytes, device total) from the allocator peak."""
+    frag = math.ceil(alloc * r.fragmentation)
+    return frag, alloc + frag + r.cuda_context_bytes + ov.calibration_bytes
