@@ -1,0 +1,93 @@
+"""AdmissionReview bytes in, AdmissionReview bytes out: the policy behind the HTTP layer.
+
+The documented rule for bad input (docs/admission.md): a body that is not a JSON
+AdmissionReview v1 with a ``request.uid`` gets HTTP 400 (no valid answer can name the request);
+anything else gets HTTP 200 with an AdmissionReview. Objects the policy cannot read are allowed
+with a warning, and an unexpected exception inside the policy is logged and answered as an
+allowed ``internal-error`` (fail open), so the webhook never answers 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from dssup.admission.decision import Decision
+from dssup.admission.policy import Mode, Policy
+from dssup.admission.wire import AdmissionRequest, parse_review, response_document
+from dssup.errors import MalformedReview
+from dssup.obs.metrics import Metrics, NullMetrics
+
+__all__ = ["Adapter"]
+
+log = logging.getLogger(__name__)
+
+
+class Adapter:
+    """Turns request bodies into response bodies; records metrics and one log line per denial."""
+
+    def __init__(self, policy: Policy, metrics: Metrics | None = None) -> None:
+        self.policy = policy
+        self.metrics: Metrics = metrics or NullMetrics()
+
+    def decide(self, req: AdmissionRequest, mode: Mode) -> Decision:
+        try:
+            return self.policy.review(req, mode)
+        except Exception:  # fail open: never a 5xx, never a crash (logged with the traceback)
+            log.exception("policy failed", extra={"uid": req.uid, "kind": req.kind})
+            return Decision(
+                allowed=True,
+                code="internal-error",
+                message="dssup failed; allowed",
+                warnings=("dssup: internal error while judging; allowed",),
+            )
+
+    def handle(self, mode: Mode, body: bytes) -> tuple[int, bytes]:
+        """(HTTP status, response body) for one POST."""
+        start = time.perf_counter()
+        try:
+            req = parse_review(body)
+        except MalformedReview as exc:
+            self.metrics.admission_request(
+                "", "error", "malformed-review", time.perf_counter() - start
+            )
+            return 400, json.dumps({"error": str(exc)}).encode()
+        decision = self.decide(req, mode)
+        doc = response_document(
+            req.uid,
+            decision.allowed,
+            patch=decision.patch if mode == "mutate" else (),
+            warnings=decision.warnings,
+            code=403,
+            message=decision.message,
+            audit=decision.audit,
+        )
+        out = json.dumps(doc, separators=(",", ":")).encode()
+        verdict = (
+            ("patched" if decision.patch and mode == "mutate" else "allowed")
+            if decision.allowed
+            else "denied"
+        )
+        self.metrics.admission_request(
+            req.kind, verdict, decision.code, time.perf_counter() - start
+        )
+        if not decision.allowed or decision.code in {"resized", "internal-error"}:
+            log.info(
+                "%s %s/%s: %s",
+                verdict,
+                req.namespace,
+                req.name,
+                decision.message,
+                extra={
+                    "uid": req.uid,
+                    "namespace": req.namespace,
+                    "name": req.name,
+                    "kind": req.kind,
+                    "operation": req.operation,
+                    "decision": verdict,
+                    "code": decision.code,
+                    "dry_run": req.dry_run,
+                },
+            )
+        return 200, out

@@ -1,0 +1,149 @@
+"""What the webhook knows about the cluster, without calling the API server per request.
+
+``ClusterCache`` is the read interface the policy uses. ``InMemoryCache`` is the store behind
+it: the Kubernetes watch loop (``kube_cache.py``) feeds it events, tests and ``dssup admit``
+feed it fixtures. Reads are dict lookups on the event loop; writes come from watch threads and
+replace whole entries, which is safe under the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["RUNTIME_KINDS", "ClusterCache", "GpuNodeInfo", "InMemoryCache"]
+
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_MEMORY = "nvidia.com/gpu.memory"
+GPU_REPLICAS = "nvidia.com/gpu.replicas"
+RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNodeInfo:
+    """What GPU Feature Discovery says about the GPUs of one product across the cluster."""
+
+    product: str
+    memory_mib: int  # smallest ``nvidia.com/gpu.memory`` among nodes of this product
+    replicas: int  # largest time-slicing ``nvidia.com/gpu.replicas`` (1 = not shared)
+    nodes: int
+
+
+class ClusterCache(Protocol):
+    """Read side used by the policy. Every method answers from memory."""
+
+    def synced(self) -> bool: ...
+    def gpu_product(self, product: str) -> GpuNodeInfo | None: ...
+    def config_map(self, namespace: str, name: str) -> Mapping[str, str] | None: ...
+    def training_runtime(
+        self, namespace: str, kind: str, name: str
+    ) -> Mapping[str, Any] | None: ...
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    meta = obj.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _name(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _digits(value: Any, default: int) -> int:
+    text = str(value or "").strip()
+    return int(text) if text.isdigit() else default
+
+
+class InMemoryCache:
+    """Nodes, ConfigMaps and (Cluster)TrainingRuntimes by name; fed by events or fixtures."""
+
+    def __init__(self, *, synced: bool = True) -> None:
+        self._nodes: dict[str, tuple[str, int, int]] = {}
+        self._gpu: dict[str, GpuNodeInfo] | None = None
+        self._config_maps: dict[tuple[str, str], Mapping[str, str]] = {}
+        self._runtimes: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        self._synced = threading.Event()
+        if synced:
+            self._synced.set()
+
+    # -- write side -------------------------------------------------------------------------
+    def mark_synced(self) -> None:
+        self._synced.set()
+
+    def upsert(self, obj: Mapping[str, Any]) -> None:
+        """Add or replace one Node, ConfigMap or (Cluster)TrainingRuntime object."""
+        kind = obj.get("kind")
+        ns, name = _name(obj)
+        if kind == "Node":
+            labels = _labels(obj)
+            product = str(labels.get(GPU_PRODUCT, ""))
+            if product:
+                memory = _digits(labels.get(GPU_MEMORY), 0)
+                self._nodes[name] = (product, memory, max(1, _digits(labels.get(GPU_REPLICAS), 1)))
+            else:
+                self._nodes.pop(name, None)
+            self._gpu = None
+        elif kind == "ConfigMap":
+            data = obj.get("data")
+            self._config_maps[(ns, name)] = dict(data) if isinstance(data, Mapping) else {}
+        elif kind in RUNTIME_KINDS:
+            self._runtimes[(ns if kind == "TrainingRuntime" else "", str(kind), name)] = obj
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        if kind == "Node":
+            self._nodes.pop(name, None)
+            self._gpu = None
+        elif kind == "ConfigMap":
+            self._config_maps.pop((namespace, name), None)
+        elif kind in RUNTIME_KINDS:
+            self._runtimes.pop((namespace if kind == "TrainingRuntime" else "", kind, name), None)
+
+    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
+        """The result of a fresh LIST: forget everything of ``kind`` first."""
+        if kind == "Node":
+            self._nodes = {}
+            self._gpu = None
+        elif kind == "ConfigMap":
+            self._config_maps = {}
+        else:
+            self._runtimes = {k: v for k, v in self._runtimes.items() if k[1] != kind}
+        for obj in objects:
+            self.upsert({**obj, "kind": kind})
+
+    # -- read side --------------------------------------------------------------------------
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def _gpu_index(self) -> dict[str, GpuNodeInfo]:
+        index = self._gpu
+        if index is None:
+            index = {}
+            for product, memory, replicas in list(self._nodes.values()):
+                old = index.get(product)
+                if memory <= 0:
+                    continue
+                if old is None:
+                    index[product] = GpuNodeInfo(product, memory, replicas, 1)
+                else:
+                    index[product] = GpuNodeInfo(
+                        product,
+                        min(old.memory_mib, memory),
+                        max(old.replicas, replicas),
+                        old.nodes + 1,
+                    )
+            self._gpu = index
+        return index
+
+    def gpu_product(self, product: str) -> GpuNodeInfo | None:
+        return self._gpu_index().get(product)
+
+    def config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        return self._config_maps.get((namespace, name))
+
+    def training_runtime(self, namespace: str, kind: str, name: str) -> Mapping[str, Any] | None:
+        return self._runtimes.get((namespace if kind == "TrainingRuntime" else "", kind, name))

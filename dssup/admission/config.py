@@ -1,0 +1,301 @@
+"""Turn a job's raw statements (``Sources``) into the memory model's inputs.
+
+``resolve`` returns a ``JobConfig`` (model, layout, training, global batch, and where each knob
+came from) or raises ``Incomplete`` listing what is missing (the policy allows such jobs with a
+warning: dssup never blocks what it cannot judge). Values that contradict the model or each
+other raise ``ConfigError`` (the policy denies those in enforcing namespaces).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from dssup.admission import annotations as ann
+from dssup.admission.cache import ClusterCache
+from dssup.admission.flags import HF, MEGATRON, MEGATRON_MODEL, SWITCHES
+from dssup.admission.source import Found, Sources, positive, switch
+from dssup.errors import ConfigError, DssupError
+from dssup.memory import Layout, ModelSpec, Precision, Training, model_from_hf_config, preset
+from dssup.memory.hf import preset_names
+
+__all__ = ["Incomplete", "JobConfig", "resolve"]
+
+
+class Incomplete(DssupError):
+    """The job does not state enough to be judged; ``missing`` says what to add."""
+
+    def __init__(self, missing: list[str]) -> None:
+        self.missing = missing
+        super().__init__("; ".join(missing))
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """Everything the memory model needs, plus provenance for patches and messages."""
+
+    model: ModelSpec
+    model_key: str
+    layout: Layout
+    training: Training
+    global_batch: int
+    global_batch_stated: bool
+    origins: dict[str, str] = field(default_factory=dict)  # knob -> annotation|megatron|hf|...
+    warnings: tuple[str, ...] = ()
+
+
+@lru_cache(maxsize=64)
+def _preset(name: str) -> ModelSpec:
+    return preset(name)
+
+
+@lru_cache(maxsize=256)
+def _hf_model(text: str, label: str) -> ModelSpec:
+    try:
+        cfg = json.loads(text)
+    except ValueError:
+        raise ConfigError(
+            ann.MODEL, f"{label} is not JSON", "store the model's config.json"
+        ) from None
+    return model_from_hf_config(cfg, name=label)
+
+
+def _model_from_annotation(src: Sources, cache: ClusterCache, value: str) -> tuple[ModelSpec, str]:
+    if not value.startswith("configmap:"):
+        return _preset(value), f"preset:{value.strip().lower()}"
+    name, _, key = value[len("configmap:") :].partition("/")
+    if not name or not key:
+        raise ConfigError(
+            ann.MODEL, f"{value!r} is not configmap:<name>/<key>", "name the ConfigMap and key"
+        )
+    data = cache.config_map(src.view.namespace, name)
+    if data is None:
+        raise Incomplete([f"cache miss: ConfigMap {name} (model config) not in the cache"])
+    if key not in data:
+        raise ConfigError(ann.MODEL, f"ConfigMap {name} has no key {key!r}", "use an existing key")
+    return _hf_model(
+        data[key], f"{name}/{key}"
+    ), f"cm:{src.view.namespace}/{name}/{key}:{hash(data[key])}"
+
+
+_FREQ = re.compile(r"^\(?\[0\]\*(\d+)\s*\+\s*\[1\]\*(\d+)\)?$")
+
+
+def _megatron_model(src: Sources) -> tuple[ModelSpec, str] | None:
+    raw: dict[str, Any] = {}
+    for key, names in MEGATRON_MODEL.items():
+        hit = src.flag(names)
+        if hit is not None and hit.value is not None:
+            raw[key] = hit.value
+    if "num_hidden_layers" not in raw or "hidden_size" not in raw:
+        return None
+    cfg: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "moe_layer_freq":
+            m = _FREQ.match(value.replace(" ", ""))
+            if m:
+                cfg["first_k_dense_replace"] = int(m.group(1))
+            continue
+        if not value.isdigit():
+            raise ConfigError(f"--{key}", f"{value!r} is not an integer", "use a whole number")
+        cfg[key] = int(value)
+    cfg.setdefault("intermediate_size", 4 * cfg["hidden_size"])
+    if "vocab_size" not in cfg:
+        raise Incomplete(["the vocabulary size: add --vocab-size or annotation dssup.io/model"])
+    if not switch(src, "gqa"):
+        cfg.pop("num_key_value_heads", None)
+    if not switch(src, "mla"):
+        for key in (
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+        ):
+            cfg.pop(key, None)
+    shared = cfg.pop("shared_size", 0)
+    expert = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
+    if shared and expert and shared % expert == 0:
+        cfg["n_shared_experts"] = shared // expert
+    elif shared:
+        cfg["shared_expert_intermediate_size"] = shared
+    cfg["tie_word_embeddings"] = not switch(src, "untie")
+    key = "megatron:" + ",".join(f"{k}={v}" for k, v in sorted(cfg.items()))
+    return model_from_hf_config(cfg, name="megatron-args"), key
+
+
+def _model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
+    value = src.view.annotations.get(ann.MODEL)
+    if value:
+        return _model_from_annotation(src, cache, value.strip())
+    found = _megatron_model(src)
+    if found is not None:
+        return found
+    hit = src.flag(HF["model"])
+    if hit is not None and hit.value:
+        base = hit.value.rstrip("/").rsplit("/", 1)[-1].lower()
+        if base in preset_names():
+            return _preset(base), f"preset:{base}"
+    raise Incomplete(
+        ["the model: add annotation dssup.io/model (a preset or configmap:<name>/<key>)"]
+    )
+
+
+def _layout_values(src: Sources, cache: ClusterCache) -> dict[str, int | bool]:
+    values: dict[str, int | bool] = {}
+    for key in ("tp", "pp", "ep", "etp", "cp", "vpp"):
+        n = positive(src.lookup(key, None, cache), key)
+        if n is not None:
+            values[key] = n
+    values["sp"] = switch(src, "sp")
+    text = src.view.annotations.get(ann.LAYOUT)
+    if text:
+        values.update(ann.parse_layout(text))
+    return values
+
+
+def _recompute(src: Sources, cache: ClusterCache) -> Found | None:
+    found = src.lookup("recompute", ann.RECOMPUTE, cache)
+    if found is not None and found.origin == "hf":
+        return Found(
+            "full" if found.value.lower() in {"1", "true", "yes"} else "none", "hf", found.where
+        )
+    if found is None:
+        hit = src.flag(HF["recompute"])
+        if hit is not None:
+            return Found("full", "hf", hit.flag)
+        hit = src.flag(SWITCHES["recompute_activations"])
+        if hit is not None:
+            return Found("selective", "megatron", hit.flag)
+    if found is not None and found.value not in {"none", "selective", "full"}:
+        raise ConfigError(found.where, f"recompute {found.value!r}", "use none, selective or full")
+    return found
+
+
+def _zero(src: Sources, cache: ClusterCache) -> Found | None:
+    found = src.lookup("zero_stage", ann.ZERO_STAGE, cache)
+    if found is not None:
+        return found
+    ds = src.deepspeed or {}
+    stage = (ds.get("zero_optimization") or {}).get("stage") if isinstance(ds, dict) else None
+    if isinstance(stage, int):
+        return Found(str(stage), "deepspeed", "DeepSpeed zero_optimization.stage")
+    if src.has(MEGATRON["micro_batch"]) or src.flags:
+        hit = src.flag(SWITCHES["dist_opt"])
+        if hit is not None:
+            return Found("1", "megatron", hit.flag)
+    return None
+
+
+def _offload(src: Sources) -> tuple[bool, bool]:
+    text = src.view.annotations.get(ann.OFFLOAD)
+    if text is not None:
+        parts = {p.strip() for p in text.split(",")}
+        return "optimizer" in parts, "params" in parts
+    zero = (src.deepspeed or {}).get("zero_optimization") or {}
+
+    def dev(key: str) -> bool:
+        return (zero.get(key) or {}).get("device") in {"cpu", "nvme"}
+
+    return dev("offload_optimizer"), dev("offload_param")
+
+
+def _precision(src: Sources) -> Precision | None:
+    text = src.view.annotations.get(ann.PRECISION)
+    if text:
+        return Precision.named(text)
+    if switch(src, "fp16"):
+        return Precision.named("fp16")
+    return None
+
+
+def _seq(src: Sources, cache: ClusterCache, warnings: list[str]) -> tuple[int, str]:
+    found = src.lookup("seq_len", ann.SEQ_LENGTH, cache)
+    n = positive(found, "sequence length")
+    if n is None or found is None:
+        warnings.append("sequence length not stated; assuming 4096 (add --seq-length)")
+        return 4096, "default"
+    return n, found.origin
+
+
+def _batches(src: Sources, cache: ClusterCache, dp: int) -> tuple[int, int, bool, dict[str, str]]:
+    """(micro-batch, global batch, whether the global batch is stated, origins)."""
+    origins: dict[str, str] = {}
+    f_micro = src.lookup("micro_batch", ann.MICRO_BATCH, cache)
+    f_global = src.lookup("global_batch", ann.GLOBAL_BATCH, cache)
+    f_accum = src.lookup("grad_accum", None, cache)
+    micro = positive(f_micro, "micro-batch size") or 1
+    accum = positive(f_accum, "gradient accumulation") or 1
+    origins["micro_batch"] = f_micro.origin if f_micro else "default"
+    origins["grad_accum"] = f_accum.origin if f_accum else "default"
+    stated = positive(f_global, "global batch size")
+    origins["global_batch"] = f_global.origin if f_global else "derived"
+    global_batch = stated or micro * accum * dp
+    if global_batch % (micro * dp):
+        where = f_global.where if f_global else "global batch"
+        raise ConfigError(
+            where,
+            f"global batch {global_batch} is not a multiple of micro-batch "
+            f"{micro} x data-parallel {dp}",
+            "choose a global batch divisible by mbs x dp",
+        )
+    return micro, global_batch, stated is not None, origins
+
+
+def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
+    """Model, layout and training of the job; ``Incomplete`` or ``ConfigError`` otherwise."""
+    if src.problems:
+        raise Incomplete(list(src.problems))
+    model, model_key = _model(src, cache)
+    warnings = list(src.warnings)
+    lv = _layout_values(src, cache)
+    tp, pp, cp = int(lv.get("tp", 1)), int(lv.get("pp", 1)), int(lv.get("cp", 1))
+    if world_size % (tp * pp * cp):
+        raise ConfigError(
+            "layout",
+            f"{world_size} GPUs is not a multiple of tp*pp*cp={tp * pp * cp}",
+            "request GPUs in multiples of the model-parallel size",
+        )
+    dp = world_size // (tp * pp * cp)
+    vpp = int(lv.get("vpp", 1))
+    per_vstage = positive(src.lookup("layers_per_vstage", None, cache), "layers per virtual stage")
+    if per_vstage and model.layers % (pp * per_vstage) == 0:
+        vpp = model.layers // (pp * per_vstage)
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        ep=int(lv.get("ep", 1)),
+        etp=int(lv.get("etp", 1)),
+        sp=bool(lv.get("sp", False)),
+        vpp=vpp,
+        schedule="interleaved" if vpp >= 2 else "1f1b",
+    )
+    micro, global_batch, stated, origins = _batches(src, cache, dp)
+    seq, origins["seq_len"] = _seq(src, cache, warnings)
+    f_rec, f_zero = _recompute(src, cache), _zero(src, cache)
+    origins["recompute"] = f_rec.origin if f_rec else "default"
+    origins["zero_stage"] = f_zero.origin if f_zero else "default"
+    zero = 0
+    if f_zero is not None:
+        if f_zero.value.strip() not in {"0", "1", "2", "3"}:
+            raise ConfigError(f_zero.where, f"ZeRO stage {f_zero.value!r}", "use 0, 1, 2 or 3")
+        zero = int(f_zero.value)
+    off_opt, off_par = _offload(src)
+    training = Training(
+        micro_batch=micro,
+        seq_len=seq,
+        grad_accum=global_batch // (micro * dp),
+        recompute=f_rec.value if f_rec else "none",
+        zero_stage=zero,
+        offload_optimizer=off_opt,
+        offload_params=off_par,
+        precision=_precision(src),
+    )
+    return JobConfig(
+        model, model_key, layout, training, global_batch, stated, origins, tuple(warnings)
+    )

@@ -1,0 +1,129 @@
+"""From an object to a judged config: normalise, read the config, find the GPU, estimate.
+
+Returns either an ``Evaluation`` or an early ``Decision`` for objects that cannot or need not be
+judged (no GPUs, unknown kind, incomplete config, unknown GPU, cache miss). Estimates are kept
+in a bounded LRU keyed by (model, layout, training, usable bytes): the same job is judged by the
+mutating webhook, again after re-invocation and by the validating webhook, and replicated
+templates are common, so the 2-10 ms of a DeepSeek-V3 estimate is paid once per config.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dssup.admission.cache import ClusterCache
+from dssup.admission.config import Incomplete, JobConfig, resolve
+from dssup.admission.decision import Decision
+from dssup.admission.gpus import GpuMemory, resolve_gpu
+from dssup.admission.kinds import SUPPORTED, is_controlled, normalise
+from dssup.admission.settings import PolicySettings
+from dssup.admission.source import Sources, read_sources
+from dssup.admission.view import JobView
+from dssup.memory import Estimate, Layout, Training, estimate
+
+__all__ = ["LRU", "Evaluation", "Evaluator"]
+
+
+class LRU:
+    """A small least-recently-used map (OrderedDict; no locks: one event loop thread)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def get(self, key: Hashable) -> Any:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if self.size <= 0:
+            return
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A job that could be judged, with everything needed to explain and to resize it."""
+
+    view: JobView
+    src: Sources
+    cfg: JobConfig
+    gpu: GpuMemory
+    est: Estimate
+
+
+def _allow(code: str, message: str, *warnings: str) -> Decision:
+    return Decision(
+        allowed=True, code=code, message=message, warnings=tuple(w[:256] for w in warnings)
+    )
+
+
+class Evaluator:
+    """Judges objects against a cluster cache; shared by the webhook and ``dssup admit``."""
+
+    def __init__(self, cache: ClusterCache, settings: PolicySettings) -> None:
+        self.cache = cache
+        self.settings = settings
+        self._estimates = LRU(settings.estimate_cache_size)
+
+    def estimate(self, cfg: JobConfig, layout: Layout, training: Training, usable: int) -> Estimate:
+        key = (cfg.model_key, layout, training, usable)
+        est = self._estimates.get(key)
+        if est is None:
+            est = estimate(
+                cfg.model,
+                layout,
+                training,
+                convention=self.settings.convention,
+                gpu_memory_bytes=usable,
+            )
+            self._estimates.put(key, est)
+        return est  # type: ignore[no-any-return]
+
+    def evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
+        """Judge ``obj``; raise ``ConfigError`` for a config that contradicts itself."""
+        kind = obj.get("kind")
+        if kind not in SUPPORTED:
+            return _allow(
+                "unsupported-kind",
+                f"kind {kind} is not judged",
+                f"dssup: kind {kind} is not judged; allowed",
+            )
+        if kind == "Pod" and is_controlled(obj):
+            return _allow("not-applicable", "a controlled Pod is judged at its owner")
+        view = normalise(obj, self.cache, namespace)
+        if not view.training_sets:
+            return _allow("not-applicable", "no container requests nvidia.com/gpu")
+        src = read_sources(view, self.cache)
+        try:
+            cfg = resolve(src, self.cache, view.world_size)
+        except Incomplete as exc:
+            code = (
+                "cache-miss"
+                if any(m.startswith("cache miss") for m in exc.missing)
+                else "config-incomplete"
+            )
+            return _allow(
+                code, f"not judged: {exc}", *(f"dssup: not judged: {m}" for m in exc.missing)
+            )
+        products = tuple(p for ps in view.training_sets for p in ps.gpu_products)
+        if not products and self.settings.default_gpu_product:
+            products = (self.settings.default_gpu_product,)
+        gpu = resolve_gpu(products, self.cache, self.settings.reserve_bytes)
+        if gpu is None:
+            what = ", ".join(products) or "no nvidia.com/gpu.product node selector"
+            return _allow(
+                "unknown-gpu",
+                f"GPU memory unknown ({what})",
+                f"dssup: not judged: GPU memory unknown ({what[:60]})",
+            )
+        est = self.estimate(cfg, cfg.layout, cfg.training, gpu.usable_bytes)
+        return Evaluation(view, src, cfg, gpu, est)

@@ -1,0 +1,224 @@
+"""Normalise PyTorchJob, TrainJob, JobSet, batch Job and bare Pod objects into a ``JobView``.
+
+Each reader knows only where its kind keeps pod templates and replica counts; pod-template
+reading (containers, GPUs, node selection, ConfigMap volumes) is shared. Readers never raise on
+odd input: a missing or mistyped field yields an empty pod set plus a note, so a strange object
+is answered (allowed, with a warning) instead of crashing the webhook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dssup.admission.cache import ClusterCache
+from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView, escape
+
+__all__ = ["GPU_PRODUCT_LABEL", "GPU_RESOURCE", "SUPPORTED", "is_controlled", "normalise"]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+_EMPTY: Mapping[str, Any] = {}
+
+Reader = Callable[[Mapping[str, Any], str, ClusterCache, list[str]], list[PodSetView]]
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else _EMPTY
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _int(value: Any, default: int) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return default
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in _list(value) if isinstance(v, (str, int, float)))
+
+
+def _gpus(container: Mapping[str, Any]) -> int:
+    res = _map(container.get("resources"))
+    limit = _int(_map(res.get("limits")).get(GPU_RESOURCE), -1)
+    return limit if limit >= 0 else max(0, _int(_map(res.get("requests")).get(GPU_RESOURCE), 0))
+
+
+def _env(items: Any) -> tuple[EnvVar, ...]:
+    out = []
+    for i, raw in enumerate(_list(items)):
+        item = _map(raw)
+        name = item.get("name")
+        if not isinstance(name, str):
+            continue
+        ref = _map(_map(item.get("valueFrom")).get("configMapKeyRef"))
+        cm = (str(ref.get("name", "")), str(ref.get("key", ""))) if ref else None
+        value = item.get("value")
+        out.append(EnvVar(name, str(value) if value is not None else None, cm, i))
+    return tuple(out)
+
+
+def _products(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """GPU products the pod may land on: node selector, else required node affinity terms."""
+    selected = _map(pod.get("nodeSelector")).get(GPU_PRODUCT_LABEL)
+    if isinstance(selected, str) and selected:
+        return (selected,)
+    required = _map(
+        _map(_map(pod.get("affinity")).get("nodeAffinity")).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+    )
+    found: list[str] = []
+    for term in _list(required.get("nodeSelectorTerms")):
+        for raw_expr in _list(_map(term).get("matchExpressions")):
+            expr = _map(raw_expr)
+            if expr.get("key") == GPU_PRODUCT_LABEL and expr.get("operator") == "In":
+                found.extend(v for v in _strs(expr.get("values")) if v not in found)
+    return tuple(found)
+
+
+def _cm_volumes(pod: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, str]]]:
+    out: dict[str, tuple[str, Mapping[str, str]]] = {}
+    for raw_vol in _list(pod.get("volumes")):
+        vol = _map(raw_vol)
+        cm = _map(vol.get("configMap"))
+        if isinstance(vol.get("name"), str) and isinstance(cm.get("name"), str):
+            items = {
+                str(_map(i).get("key")): str(_map(i).get("path")) for i in _list(cm.get("items"))
+            }
+            out[vol["name"]] = (cm["name"], items)
+    return out
+
+
+def _container(c: Mapping[str, Any], path: str) -> ContainerView:
+    mounts = tuple(
+        (str(_map(m).get("name", "")), str(_map(m).get("mountPath", "")))
+        for m in _list(c.get("volumeMounts"))
+    )
+    return ContainerView(
+        name=str(c.get("name", "")),
+        command=_strs(c.get("command")),
+        args=_strs(c.get("args")),
+        env=_env(c.get("env")),
+        gpus=_gpus(c),
+        mounts=mounts,
+        command_path=f"{path}/command",
+        args_path=f"{path}/args",
+        env_path=f"{path}/env",
+        command_present="command" in c,
+        args_present="args" in c,
+    )
+
+
+def pod_set(name: str, count: int, pod: Mapping[str, Any], path: str) -> PodSetView:
+    """Read one pod template spec found at JSON Pointer ``path``."""
+    containers = tuple(
+        _container(_map(c), f"{path}/containers/{i}")
+        for i, c in enumerate(_list(pod.get("containers")))
+    )
+    return PodSetView(
+        name=name,
+        count=max(0, count),
+        gpus_per_pod=sum(c.gpus for c in containers),
+        gpu_products=_products(pod),
+        containers=containers,
+        config_map_volumes=_cm_volumes(pod),
+    )
+
+
+def _pytorchjob(
+    obj: Mapping[str, Any], ns: str, cache: ClusterCache, notes: list[str]
+) -> list[PodSetView]:
+    specs = _map(_map(obj.get("spec")).get("pytorchReplicaSpecs"))
+    if not specs:
+        notes.append("spec.pytorchReplicaSpecs is missing")
+    out = []
+    for rtype, raw in specs.items():
+        rspec = _map(raw)
+        path = f"/spec/pytorchReplicaSpecs/{escape(str(rtype))}/template/spec"
+        pod = _map(_map(rspec.get("template")).get("spec"))
+        out.append(pod_set(str(rtype), _int(rspec.get("replicas"), 1), pod, path))
+    return out
+
+
+def _jobset(
+    obj: Mapping[str, Any], ns: str, cache: ClusterCache, notes: list[str]
+) -> list[PodSetView]:
+    out = []
+    for i, raw in enumerate(_list(_map(obj.get("spec")).get("replicatedJobs"))):
+        rj = _map(raw)
+        jspec = _map(_map(rj.get("template")).get("spec"))
+        count = _int(rj.get("replicas"), 1) * _int(jspec.get("parallelism"), 1)
+        pod = _map(_map(jspec.get("template")).get("spec"))
+        path = f"/spec/replicatedJobs/{i}/template/spec/template/spec"
+        out.append(pod_set(str(rj.get("name", i)), count, pod, path))
+    if not out:
+        notes.append("spec.replicatedJobs is empty")
+    return out
+
+
+def _job(
+    obj: Mapping[str, Any], ns: str, cache: ClusterCache, notes: list[str]
+) -> list[PodSetView]:
+    spec = _map(obj.get("spec"))
+    pod = _map(_map(spec.get("template")).get("spec"))
+    return [pod_set("job", _int(spec.get("parallelism"), 1), pod, "/spec/template/spec")]
+
+
+def _pod(
+    obj: Mapping[str, Any], ns: str, cache: ClusterCache, notes: list[str]
+) -> list[PodSetView]:
+    return [pod_set("pod", 1, _map(obj.get("spec")), "/spec")]
+
+
+def is_controlled(obj: Mapping[str, Any]) -> bool:
+    """A pod created by a controller (judged at its owner, not here)."""
+    refs = _list(_map(obj.get("metadata")).get("ownerReferences"))
+    return any(_map(r).get("controller") is True for r in refs)
+
+
+def _trainjob(
+    obj: Mapping[str, Any], ns: str, cache: ClusterCache, notes: list[str]
+) -> list[PodSetView]:
+    from dssup.admission.trainjob import trainjob_pod_sets
+
+    return trainjob_pod_sets(obj, ns, cache, notes)
+
+
+SUPPORTED: dict[str, Reader] = {
+    "PyTorchJob": _pytorchjob,
+    "TrainJob": _trainjob,
+    "JobSet": _jobset,
+    "Job": _job,
+    "Pod": _pod,
+}
+
+
+def normalise(obj: Mapping[str, Any], cache: ClusterCache, namespace: str = "") -> JobView:
+    """The ``JobView`` of any supported object; unknown kinds give a view with no pod sets."""
+    meta = _map(obj.get("metadata"))
+    kind = str(obj.get("kind", ""))
+    ns = str(meta.get("namespace") or namespace)
+    notes: list[str] = []
+    reader = SUPPORTED.get(kind)
+    sets = reader(obj, ns, cache, notes) if reader else []
+    if reader is None:
+        notes.append(f"kind {kind or '<none>'} is not one dssup reads")
+    raw_ann = meta.get("annotations")
+    annotations = {str(k): str(v) for k, v in _map(raw_ann).items()}
+    return JobView(
+        kind=kind,
+        namespace=ns,
+        name=str(meta.get("name") or meta.get("generateName") or ""),
+        annotations=annotations,
+        annotations_present=isinstance(raw_ann, Mapping),
+        pod_sets=tuple(sets),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,96 @@
+"""Words for users: warnings (one line, <= 120 characters), denial messages and breakdowns.
+
+A denial must say what to change: the per-stage numbers of the peak stage, the GPU's capacity,
+and the closest config that would fit written in the job's own terms (its flags or our
+annotations).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dssup.memory import Estimate, Layout, Training
+
+__all__ = ["breakdown", "describe", "gib", "knobs", "peak_terms"]
+
+GiB = float(1 << 30)
+
+
+def gib(n: int) -> float:
+    return round(n / GiB, 1)
+
+
+def describe(layout: Layout, training: Training) -> str:
+    parts = [f"TP={layout.tp}", f"PP={layout.pp}"]
+    if layout.ep > 1:
+        parts.append(f"EP={layout.ep}")
+    if layout.cp > 1:
+        parts.append(f"CP={layout.cp}")
+    parts += [
+        f"DP={layout.dp}",
+        f"mbs={training.micro_batch}",
+        f"accum={training.grad_accum}",
+        f"recompute={training.recompute}",
+        f"ZeRO-{training.zero_stage}",
+    ]
+    return " ".join(parts)
+
+
+def knobs(training: Training) -> dict[str, Any]:
+    return {
+        "microBatch": training.micro_batch,
+        "gradAccum": training.grad_accum,
+        "recompute": training.recompute,
+        "zeroStage": training.zero_stage,
+    }
+
+
+def peak_terms(est: Estimate) -> str:
+    b = est.peak.bytes
+    other = b.total - b.weights - b.gradients - b.optimizer - b.activations
+    return (
+        f"weights {gib(b.weights)}, grads {gib(b.gradients)}, optimizer {gib(b.optimizer)}, "
+        f"activations {gib(b.activations)}, other {gib(other)} GiB"
+    )
+
+
+def breakdown(
+    est: Estimate, layout: Layout, training: Training, gpu: Any, global_batch: int
+) -> dict[str, Any]:
+    """The JSON ``dssup admit`` prints and the webhook logs at debug level."""
+    return {
+        "model": est.model,
+        "gpu": {
+            "product": gpu.product,
+            "totalGiB": gib(gpu.total_bytes),
+            "usableGiB": gib(gpu.usable_bytes),
+            "source": gpu.source,
+            "sharedBy": gpu.shared_by,
+        },
+        "config": {
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "ep": layout.ep,
+            "etp": layout.etp,
+            "cp": layout.cp,
+            "dp": layout.dp,
+            "globalBatch": global_batch,
+            "seqLength": training.seq_len,
+            **knobs(training),
+        },
+        "peakGiB": gib(est.peak_bytes),
+        "peakStage": est.peak_stage,
+        "peakPhase": est.peak_phase,
+        "fits": bool(est.fits),
+        "stages": [
+            {
+                "stage": s.stage,
+                "totalGiB": gib(s.bytes.total),
+                "weightsGiB": gib(s.bytes.weights),
+                "gradientsGiB": gib(s.bytes.gradients),
+                "optimizerGiB": gib(s.bytes.optimizer),
+                "activationsGiB": gib(s.bytes.activations),
+            }
+            for s in est.stages
+        ],
+    }

@@ -1,0 +1,201 @@
+"""The admission policy: allow, resize (mutate) or deny a job by its predicted GPU memory.
+
+Pure with respect to the cluster: everything it knows comes from a ``ClusterCache``. Three
+modes, one per webhook path: ``mutate`` (CREATE only; resizes a job that does not fit and
+records the estimate; never denies), ``validate`` (enforcing namespaces; denies what does not
+fit) and ``warn`` (other namespaces; the same judgement as warnings only). ``dryRun`` requests
+are answered exactly like real ones: the policy has no side effects.
+
+An UPDATE is denied only when it turns a fitting job into one that does not fit, so controllers
+can still update (finalizers, labels) a job admitted before enforcement was switched on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from dssup.admission import annotations as ann
+from dssup.admission.cache import ClusterCache
+from dssup.admission.decision import Decision
+from dssup.admission.evaluate import Evaluation, Evaluator
+from dssup.admission.messages import breakdown, describe, gib, peak_terms
+from dssup.admission.resize import Resize, find_resize
+from dssup.admission.settings import PolicySettings
+from dssup.admission.wire import AdmissionRequest
+from dssup.errors import ConfigError
+
+__all__ = ["Mode", "Policy"]
+
+Mode = Literal["mutate", "validate", "warn"]
+log = logging.getLogger(__name__)
+
+
+def _estimate_note(ev: Evaluation, fits: bool) -> str:
+    return json.dumps(
+        {
+            "peakGiB": gib(ev.est.peak_bytes),
+            "usableGiB": gib(ev.gpu.usable_bytes),
+            "gpu": ev.gpu.product,
+            "fits": fits,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+class Policy:
+    """Decides AdmissionRequests; one instance per process (it owns the estimate cache)."""
+
+    def __init__(self, cache: ClusterCache, settings: PolicySettings | None = None) -> None:
+        self.settings = settings or PolicySettings()
+        self.evaluator = Evaluator(cache, self.settings)
+
+    def review(self, req: AdmissionRequest, mode: Mode) -> Decision:
+        if req.operation not in ("CREATE", "UPDATE") or (
+            mode == "mutate" and req.operation != "CREATE"
+        ):
+            return Decision(
+                allowed=True, code="not-applicable", message=f"{req.operation} is not judged"
+            )
+        if req.sub_resource:
+            return Decision(
+                allowed=True, code="not-applicable", message="sub-resources are not judged"
+            )
+        if req.obj is None:
+            return Decision(
+                allowed=True,
+                code="malformed-object",
+                message="request.object is missing",
+                warnings=("dssup: request.object is missing or not an object; allowed",),
+            )
+        decision = self.judge(req.obj, req.namespace, mode)
+        if not decision.allowed and req.operation == "UPDATE" and req.old_obj is not None:
+            before = self.judge(req.old_obj, req.namespace, mode)
+            if not before.allowed:
+                return decision.model_copy(
+                    update={
+                        "allowed": True,
+                        "warnings": (
+                            *decision.warnings,
+                            "dssup: allowed: the job did not fit before this update either",
+                        ),
+                    }
+                )
+        return decision
+
+    def judge(self, obj: Mapping[str, Any], namespace: str, mode: Mode) -> Decision:
+        """Decide one object (the body of ``review``; also what ``dssup admit`` calls)."""
+        try:
+            ev = self.evaluator.evaluate(obj, namespace)
+        except ConfigError as exc:
+            return self._refuse(
+                mode, "invalid-config", f"dssup: invalid training config: {exc}", None
+            )
+        if isinstance(ev, Decision):
+            return ev
+        if ev.est.fits:
+            return self._fits(obj, ev, mode)
+        return self._does_not_fit(obj, ev, mode)
+
+    def _fits(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
+        from dssup.admission.patch import annotation_ops
+
+        msg = (
+            f"dssup: peak {gib(ev.est.peak_bytes)} GiB/GPU fits {ev.gpu.product} "
+            f"({gib(ev.gpu.usable_bytes)} GiB usable)"
+        )
+        bd = breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev.gpu, ev.cfg.global_batch)
+        audit = {"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"}
+        if mode == "mutate":
+            ops = annotation_ops(obj, {ann.ESTIMATE: _estimate_note(ev, True)})
+            return Decision(
+                allowed=True, code="fits", message=msg, patch=tuple(ops), audit=audit, breakdown=bd
+            )
+        notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
+        return Decision(
+            allowed=True,
+            code="fits",
+            message=msg,
+            warnings=(*notes, msg[:120]),
+            audit=audit,
+            breakdown=bd,
+        )
+
+    def _does_not_fit(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
+        resize = find_resize(obj, ev, self.evaluator, self.settings)
+        if (
+            mode == "mutate"
+            and resize.patch is not None
+            and ev.view.annotations.get(ann.RESIZE) != "false"
+        ):
+            return self._resized(ev, resize)
+        head = (
+            f"dssup: predicted peak {gib(ev.est.peak_bytes)} GiB/GPU on pipeline stage "
+            f"{ev.est.peak_stage} ({peak_terms(ev.est)}) exceeds {ev.gpu.product} usable "
+            f"{gib(ev.gpu.usable_bytes)} GiB ({gib(ev.gpu.total_bytes)} total - "
+            f"{gib(ev.gpu.total_bytes - ev.gpu.usable_bytes)} reserve) with "
+            f"{describe(ev.cfg.layout, ev.cfg.training)}"
+        )
+        code = "predicted-oom" if resize.candidate is not None else "no-feasible-plan"
+        bd = breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev.gpu, ev.cfg.global_batch)
+        if mode == "mutate":
+            return Decision(
+                allowed=True, code=code, message=f"{head}; {resize.advice}", breakdown=bd
+            )
+        return self._refuse(
+            mode,
+            code,
+            f"{head}; {resize.advice}",
+            bd,
+            short=f"dssup: predicted OOM: {gib(ev.est.peak_bytes)} GiB/GPU > "
+            f"{gib(ev.gpu.usable_bytes)} GiB on {ev.gpu.product}; {resize.short}",
+        )
+
+    def _resized(self, ev: Evaluation, resize: Resize) -> Decision:
+        assert resize.patch is not None and resize.candidate is not None
+        new = resize.candidate
+        msg = (
+            f"dssup: resized to fit {ev.gpu.product}: {describe(ev.cfg.layout, ev.cfg.training)} -> "
+            f"{describe(new.layout, new.training)} (peak {gib(ev.est.peak_bytes)} -> "
+            f"{gib(resize.peak_bytes)} GiB, global batch {ev.cfg.global_batch} kept)"
+        )
+        warn = (
+            f"dssup: resized: {resize.short} to fit {ev.gpu.product} "
+            f"({gib(resize.peak_bytes)}/{gib(ev.gpu.usable_bytes)} GiB)"
+        )
+        audit = {"estimate-gib": str(gib(resize.peak_bytes)), "decision": "resized"}
+        bd = breakdown(resize.estimate, new.layout, new.training, ev.gpu, ev.cfg.global_batch)
+        return Decision(
+            allowed=True,
+            code="resized",
+            message=msg,
+            warnings=(warn[:240],),
+            patch=tuple(resize.patch),
+            audit=audit,
+            breakdown=bd,
+        )
+
+    def _refuse(
+        self,
+        mode: Mode,
+        code: str,
+        message: str,
+        bd: dict[str, Any] | None,
+        short: str | None = None,
+    ) -> Decision:
+        if mode == "validate":
+            return Decision(
+                allowed=False, code=code, message=message, breakdown=bd, audit={"decision": code}
+            )
+        warning = (short or message)[:240]
+        return Decision(
+            allowed=True,
+            code=code,
+            message=message,
+            breakdown=bd,
+            warnings=(warning,) if mode == "warn" else (),
+            audit={"decision": code},
+        )

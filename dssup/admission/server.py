@@ -1,0 +1,174 @@
+"""Serve the webhook: uvicorn (uvloop + httptools) on a TLS port, health on a plain port.
+
+Both servers share one event loop with the certificate watcher. Shutdown drains: readiness
+turns false first (``drain_s``, so Endpoints drop the pod before it stops accepting), then both
+servers stop gracefully. ``start_background`` runs the same thing in a thread on loopback for
+tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+import uvloop
+from pydantic import BaseModel, ConfigDict, Field
+
+from dssup.admission.adapter import Adapter
+from dssup.admission.asgi import HealthApp, WebhookApp
+from dssup.admission.cache import ClusterCache
+from dssup.admission.tls import CertReloader
+
+__all__ = ["Background", "ServeOptions", "WebhookServer", "start_background"]
+
+log = logging.getLogger(__name__)
+
+
+class ServeOptions(BaseModel):
+    """Network settings of ``dssup webhook serve``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    cert_file: str = Field(description="PEM certificate chain (tls.crt of the mounted Secret)")
+    key_file: str = Field(description="PEM private key (tls.key)")
+    host: str = Field("0.0.0.0", description="listen address of both ports")  # noqa: S104
+    port: int = Field(9443, ge=1, le=65535, description="HTTPS port of /mutate /validate /warn")
+    health_port: int = Field(
+        8081, ge=1, le=65535, description="plain HTTP /healthz /readyz /metrics"
+    )
+    max_body_bytes: int = Field(
+        8 << 20, ge=1024, description="largest request body (HTTP 413 past it)"
+    )
+    reload_interval_s: float = Field(
+        1.0, gt=0, description="seconds between certificate file checks"
+    )
+    keep_alive_s: int = Field(
+        90, ge=1, description="idle keep-alive seconds (apiserver reuses conns)"
+    )
+    drain_s: float = Field(3.0, ge=0, description="seconds not-ready before stopping on SIGTERM")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling (the caller owns signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class WebhookServer:
+    def __init__(
+        self, opts: ServeOptions, adapter: Adapter, cache: ClusterCache, metrics_text: object = None
+    ) -> None:
+        self.opts = opts
+        self.adapter = adapter
+        self.cache = cache
+        self.reloader = CertReloader(opts.cert_file, opts.key_file)
+        self._draining = False
+        render = getattr(metrics_text, "render", None)
+        common: dict[str, Any] = {
+            "lifespan": "off",
+            "access_log": False,
+            "log_config": None,
+            "loop": "none",
+            "http": "httptools",
+            "server_header": False,
+            "date_header": False,
+        }
+        self.main = _Server(
+            uvicorn.Config(
+                WebhookApp(adapter, opts.max_body_bytes),
+                host=opts.host,
+                port=opts.port,
+                ssl_context_factory=lambda _cfg, _default: self.reloader.context,
+                timeout_keep_alive=opts.keep_alive_s,
+                **common,
+            )
+        )
+        self.health = _Server(
+            uvicorn.Config(
+                HealthApp(self.ready, render), host=opts.host, port=opts.health_port, **common
+            )
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def ready(self) -> bool:
+        return self.main.started and not self._draining and self.cache.synced()
+
+    async def run(
+        self, tls_sock: socket.socket | None = None, health_sock: socket.socket | None = None
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        watcher = asyncio.create_task(self.reloader.watch(self.opts.reload_interval_s))
+        try:
+            await asyncio.gather(
+                self.main.serve([tls_sock] if tls_sock else None),
+                self.health.serve([health_sock] if health_sock else None),
+            )
+        finally:
+            watcher.cancel()
+
+    async def _drain(self) -> None:
+        self._draining = True
+        await asyncio.sleep(self.opts.drain_s)
+        self.main.should_exit = True
+        self.health.should_exit = True
+
+    def request_stop(self) -> None:
+        """Thread- and signal-safe: start draining, then stop."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
+
+
+@dataclass
+class Background:
+    """A server running in a thread on loopback; ``stop`` joins it."""
+
+    server: WebhookServer
+    thread: threading.Thread
+    port: int
+    health_port: int
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.request_stop()
+        self.thread.join(timeout)
+
+
+def _bind(host: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.set_inheritable(True)
+    return sock
+
+
+def start_background(
+    opts: ServeOptions,
+    adapter: Adapter,
+    cache: ClusterCache,
+    metrics_text: object = None,
+    timeout: float = 10.0,
+) -> Background:
+    """Start on 127.0.0.1 with kernel-chosen ports; returns once both ports accept."""
+    server = WebhookServer(opts.model_copy(update={"drain_s": 0.0}), adapter, cache, metrics_text)
+    tls_sock, health_sock = _bind("127.0.0.1"), _bind("127.0.0.1")
+    thread = threading.Thread(
+        target=lambda: uvloop.run(server.run(tls_sock, health_sock)),
+        name="dssup-webhook",
+        daemon=True,
+    )
+    thread.start()
+    waited = 0.0
+    while not (server.main.started and server.health.started):
+        if waited > timeout or not thread.is_alive():
+            raise RuntimeError("webhook server did not start")
+        threading.Event().wait(0.01)
+        waited += 0.01
+    return Background(server, thread, tls_sock.getsockname()[1], health_sock.getsockname()[1])

@@ -1,0 +1,44 @@
+"""Policy settings of the webhook and of ``dssup admit``: every one with its unit and reason."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["PolicySettings"]
+
+GiB = 1 << 30
+
+
+class PolicySettings(BaseModel):
+    """How strict the policy is and which changes the mutating webhook may make."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    reserve_bytes: int = Field(
+        GiB,
+        ge=0,
+        description="bytes subtracted from each GPU's memory before comparing (CUDA context "
+        "growth, NCCL buffers, other tenants); applied to node labels and the table alike",
+    )
+    plan_margin: float = Field(
+        0.05,
+        ge=0.0,
+        lt=1.0,
+        description="fraction of usable memory a resized config must leave free, so a resize "
+        "is not decided on a knife's edge",
+    )
+    allow_recompute: bool = Field(True, description="the resize may raise activation recompute")
+    allow_zero: bool = Field(True, description="the resize may raise the ZeRO stage")
+    allow_offload: bool = Field(
+        False, description="the resize may offload optimizer states to host memory (slow)"
+    )
+    default_gpu_product: str | None = Field(
+        None, description="GFD product name assumed when a GPU job names no product"
+    )
+    convention: Literal["megatron", "paper"] = Field(
+        "megatron", description="memory-model convention (see docs/memory-model.md)"
+    )
+    estimate_cache_size: int = Field(
+        4096, ge=0, description="estimates kept in memory (identical jobs and re-invocations)"
+    )

@@ -1,0 +1,83 @@
+"""One kind-agnostic view of a training job: pod sets with counts, GPUs and containers.
+
+PyTorchJob, TrainJob, JobSet, batch Job and bare Pods describe the same thing differently; the
+policy only ever sees this view (the shape Kueue calls a pod set). Every list the webhook may
+patch carries the JSON Pointer where it lives in the admitted object, or ``None`` together with
+the pointer where it *would* be added (a TrainJob inheriting its args from the runtime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["ContainerView", "EnvVar", "JobView", "PodSetView", "escape"]
+
+
+def escape(token: str) -> str:
+    """RFC 6901 escaping of one JSON Pointer reference token."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    """One ``env`` entry: a literal value or a ConfigMap key reference."""
+
+    name: str
+    value: str | None
+    config_map: tuple[str, str] | None = None  # (name, key) of valueFrom.configMapKeyRef
+    index: int = -1  # position in the env list of the admitted object; -1 = inherited
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerView:
+    """A container as the training launcher sees it."""
+
+    name: str
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+    gpus: int
+    mounts: tuple[tuple[str, str], ...]  # (volume name, mountPath)
+    command_path: str  # pointer of ``command`` in the admitted object
+    args_path: str  # pointer of ``args`` in the admitted object
+    env_path: str
+    command_present: bool = True
+    args_present: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetView:
+    """``count`` identical pods, each with ``gpus_per_pod`` GPUs of ``gpu_products``."""
+
+    name: str
+    count: int
+    gpus_per_pod: int
+    gpu_products: tuple[str, ...]
+    containers: tuple[ContainerView, ...]
+    config_map_volumes: Mapping[str, tuple[str, Mapping[str, str]]]  # volume -> (cm, key->path)
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.gpus_per_pod
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """The normalised job. ``notes`` explains anything that could not be read."""
+
+    kind: str
+    namespace: str
+    name: str
+    annotations: Mapping[str, str]
+    annotations_present: bool
+    pod_sets: tuple[PodSetView, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return sum(ps.gpus for ps in self.pod_sets)
+
+    @property
+    def training_sets(self) -> tuple[PodSetView, ...]:
+        return tuple(ps for ps in self.pod_sets if ps.gpus_per_pod > 0 and ps.count > 0)

@@ -1,0 +1,137 @@
+"""AdmissionReview ``admission.k8s.io/v1`` on the wire: parse what kube-apiserver sends and
+build exactly what it accepts.
+
+Kept free of policy so the rules kube-apiserver applies to a response (same ``uid``, same
+``apiVersion``/``kind``, ``patch`` only together with ``patchType: JSONPatch``, denial codes
+>= 400) live in one small, tested place. Parsing is strict only where an answer is impossible
+without the field (a JSON object with ``request.uid``); everything else is read leniently and
+judged by the policy, so odd objects get an allowed answer with a warning instead of a 4xx.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dssup.errors import MalformedReview
+
+__all__ = [
+    "API_VERSION",
+    "AdmissionRequest",
+    "encode_patch",
+    "parse_review",
+    "response_document",
+]
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """The fields of ``request`` that dssup reads; ``obj`` is None on DELETE."""
+
+    uid: str
+    group: str
+    version: str
+    kind: str
+    resource: str
+    sub_resource: str
+    namespace: str
+    name: str
+    operation: str
+    obj: dict[str, Any] | None
+    old_obj: dict[str, Any] | None
+    dry_run: bool
+    username: str
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _gvk(value: Any) -> tuple[str, str, str]:
+    if not isinstance(value, Mapping):
+        return "", "", ""
+    return _str(value.get("group")), _str(value.get("version")), _str(value.get("kind"))
+
+
+def _obj(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def parse_review(body: bytes | str | Mapping[str, Any]) -> AdmissionRequest:
+    """Parse an AdmissionReview; raise ``MalformedReview`` when no valid answer can be built."""
+    if isinstance(body, Mapping):
+        doc: Any = body
+    else:
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedReview(f"body is not JSON: {exc}") from None
+    if not isinstance(doc, Mapping):
+        raise MalformedReview("body is not a JSON object")
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+        raise MalformedReview(
+            f"expected apiVersion {API_VERSION} kind {KIND}, got "
+            f"{doc.get('apiVersion')!r} {doc.get('kind')!r}"
+        )
+    req = doc.get("request")
+    if not isinstance(req, Mapping):
+        raise MalformedReview("request is missing or not an object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedReview("request.uid is missing or not a string")
+    group, version, kind = _gvk(req.get("kind"))
+    resource = req.get("resource")
+    user = req.get("userInfo")
+    return AdmissionRequest(
+        uid=uid,
+        group=group,
+        version=version,
+        kind=kind,
+        resource=_str(resource.get("resource")) if isinstance(resource, Mapping) else "",
+        sub_resource=_str(req.get("subResource")),
+        namespace=_str(req.get("namespace")),
+        name=_str(req.get("name")),
+        operation=_str(req.get("operation")),
+        obj=_obj(req.get("object")),
+        old_obj=_obj(req.get("oldObject")),
+        dry_run=req.get("dryRun") is True,
+        username=_str(user.get("username")) if isinstance(user, Mapping) else "",
+    )
+
+
+def encode_patch(ops: Sequence[Mapping[str, Any]]) -> str:
+    """RFC 6902 operations as the base64 string ``response.patch`` carries."""
+    raw = json.dumps(list(ops), separators=(",", ":"), ensure_ascii=False).encode()
+    return base64.b64encode(raw).decode("ascii")
+
+
+def response_document(
+    uid: str,
+    allowed: bool,
+    *,
+    patch: Sequence[Mapping[str, Any]] = (),
+    warnings: Sequence[str] = (),
+    code: int = 403,
+    message: str = "",
+    reason: str = "Forbidden",
+    audit: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A complete AdmissionReview response. A patch is only attached to an allowed answer."""
+    resp: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if allowed and patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = encode_patch(patch)
+    if not allowed:
+        resp["status"] = {"code": max(code, 400), "reason": reason, "message": message}
+    if warnings:
+        resp["warnings"] = list(warnings)
+    if audit:
+        resp["auditAnnotations"] = dict(audit)
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": resp}
