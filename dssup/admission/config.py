@@ -16,7 +16,7 @@ from typing import Any
 
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
-from dssup.admission.flags import HF, MEGATRON, MEGATRON_MODEL, SWITCHES
+from dssup.admission.flags import HF, MEGATRON_MODEL, SWITCHES
 from dssup.admission.source import Found, Sources, positive, switch
 from dssup.errors import ConfigError, DssupError
 from dssup.memory import Layout, ModelSpec, Precision, Training, model_from_hf_config, preset
@@ -183,10 +183,9 @@ def _zero(src: Sources, cache: ClusterCache) -> Found | None:
     stage = (ds.get("zero_optimization") or {}).get("stage") if isinstance(ds, dict) else None
     if isinstance(stage, int):
         return Found(str(stage), "deepspeed", "DeepSpeed zero_optimization.stage")
-    if src.has(MEGATRON["micro_batch"]) or src.flags:
-        hit = src.flag(SWITCHES["dist_opt"])
-        if hit is not None:
-            return Found("1", "megatron", hit.flag)
+    hit = src.flag(SWITCHES["dist_opt"])
+    if hit is not None:
+        return Found("1", "megatron", hit.flag)
     return None
 
 

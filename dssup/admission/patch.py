@@ -23,7 +23,17 @@ __all__ = ["Change", "annotation_ops", "render"]
 
 Change = dict[str, tuple[Any, Any]]  # knob -> (old, new)
 _MEGATRON_ANY = frozenset().union(*MEGATRON.values(), *SWITCHES.values())
+_MEGATRON_OWN = frozenset().union(
+    *MEGATRON.values(), SWITCHES["sp"], SWITCHES["dist_opt"], SWITCHES["recompute_activations"]
+)
 _HF_ANY = frozenset().union(*HF.values())
+
+
+def style(src: Sources) -> str:
+    """``megatron``, ``hf`` or ``annotation``: how the job states its knobs."""
+    if src.has(_MEGATRON_OWN):
+        return "megatron"
+    return "hf" if src.has(_HF_ANY) else "annotation"
 
 
 class _Writer:
@@ -32,9 +42,7 @@ class _Writer:
         self.editors = {c.args_path: ArgvEditor(c) for _, c in src.containers}
         self.annotations: dict[str, str] = {}
         self.env_ops: list[dict[str, Any]] = []
-        self.style = (
-            "megatron" if src.has(_MEGATRON_ANY) else "hf" if src.has(_HF_ANY) else "annotation"
-        )
+        self.style = style(src)
 
     def _styled(self, names: frozenset[str]) -> list[ArgvEditor]:
         return [
@@ -149,6 +157,25 @@ def _zero(w: _Writer, new: int) -> bool:
         w.annotations[ann.ZERO_STAGE] = str(new)
         return True
     return False
+
+
+def expressible(
+    src: Sources, origins: Mapping[str, str], training: Any
+) -> dict[str, tuple[Any, ...] | None]:
+    """Values a resize may choose per knob (None = any), given how the job states its knobs."""
+    kind = style(src)
+    zero: tuple[int, ...] | None = None
+    if origins.get("zero_stage") in {"deepspeed", "env-configmap"} or kind == "hf":
+        zero = (training.zero_stage,)
+    elif kind == "megatron" and origins.get("zero_stage") != "annotation":
+        zero = (0, 1) if training.zero_stage in (0, 1) else (training.zero_stage,)
+    recompute: tuple[str, ...] | None = ("none", "full") if kind == "hf" else None
+    if origins.get("recompute") in {"deepspeed", "env-configmap"}:
+        recompute = (training.recompute,)
+    micro = None
+    if {origins.get("micro_batch"), origins.get("grad_accum")} & {"deepspeed", "env-configmap"}:
+        micro = (training.micro_batch,)
+    return {"zero_stage": zero, "recompute": recompute, "micro_batch": micro}
 
 
 def render(

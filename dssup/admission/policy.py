@@ -46,6 +46,13 @@ def _estimate_note(ev: Evaluation, fits: bool) -> str:
     )
 
 
+def _capacity(ev: Evaluation) -> str:
+    g = ev.gpu
+    shared = f" shared by {g.shared_by}" if g.shared_by > 1 else ""
+    reserve = g.total_bytes // g.shared_by - g.usable_bytes
+    return f"{gib(g.total_bytes)} GiB{shared} from {g.source} - {gib(reserve)} reserve"
+
+
 class Policy:
     """Decides AdmissionRequests; one instance per process (it owns the estimate cache)."""
 
@@ -135,8 +142,7 @@ class Policy:
         head = (
             f"dssup: predicted peak {gib(ev.est.peak_bytes)} GiB/GPU on pipeline stage "
             f"{ev.est.peak_stage} ({peak_terms(ev.est)}) exceeds {ev.gpu.product} usable "
-            f"{gib(ev.gpu.usable_bytes)} GiB ({gib(ev.gpu.total_bytes)} total - "
-            f"{gib(ev.gpu.total_bytes - ev.gpu.usable_bytes)} reserve) with "
+            f"{gib(ev.gpu.usable_bytes)} GiB ({_capacity(ev)}) with "
             f"{describe(ev.cfg.layout, ev.cfg.training)}"
         )
         code = "predicted-oom" if resize.candidate is not None else "no-feasible-plan"

@@ -21,7 +21,7 @@ from dssup.admission.config import Incomplete, resolve
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
 from dssup.admission.kinds import normalise
 from dssup.admission.messages import gib, knobs
-from dssup.admission.patch import Change, annotation_ops, render
+from dssup.admission.patch import Change, annotation_ops, expressible, render
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import read_sources
 from dssup.errors import ConfigError
@@ -30,7 +30,7 @@ from dssup.memory import Candidate, Estimate, PlanRequest, PlanResult, plan
 __all__ = ["Resize", "find_resize"]
 
 _PLANS = LRU(512)
-_TRIES = 8
+_TRIES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +47,17 @@ class Resize:
 
 def _plan(ev: Evaluation, settings: PolicySettings) -> PlanResult:
     cfg = ev.cfg
-    recompute = (
-        ("none", "selective", "full") if settings.allow_recompute else (cfg.training.recompute,)
-    )
-    zero = (0, 1, 2, 3) if settings.allow_zero else (cfg.training.zero_stage,)
+    allowed = expressible(ev.src, cfg.origins, cfg.training)
+    recompute = allowed["recompute"] or ("none", "selective", "full")
+    zero = allowed["zero_stage"] or (0, 1, 2, 3)
+    if not settings.allow_recompute:
+        recompute = (cfg.training.recompute,)
+    if not settings.allow_zero:
+        zero = (cfg.training.zero_stage,)
+    if cfg.training.recompute not in recompute:
+        recompute = (*recompute, cfg.training.recompute)
+    if cfg.training.zero_stage not in zero:
+        zero = (*zero, cfg.training.zero_stage)
     req = PlanRequest(
         model=cfg.model,
         gpu_memory_bytes=ev.gpu.usable_bytes,
@@ -61,6 +68,7 @@ def _plan(ev: Evaluation, settings: PolicySettings) -> PlanResult:
         zero_stages=zero,
         allow_offload=settings.allow_offload,
         search_parallelism=False,
+        micro_batches=allowed["micro_batch"],
         margin=settings.plan_margin,
         convention=settings.convention,
     )
@@ -72,6 +80,7 @@ def _plan(ev: Evaluation, settings: PolicySettings) -> PlanResult:
         req.gpu_memory_bytes,
         recompute,
         zero,
+        allowed["micro_batch"],
         settings.allow_offload,
         settings.plan_margin,
     )
@@ -140,7 +149,7 @@ def find_resize(
             continue
         ops, values = rendered
         est = evaluator.estimate(ev.cfg, cand.layout, cand.training, ev.gpu.usable_bytes)
-        if not est.fits or not _verify(obj, ops, ev, cand, evaluator):
+        if not est.fits:
             continue
         values = dict(values)
         values[ann.ESTIMATE] = json.dumps(
@@ -153,9 +162,15 @@ def find_resize(
             separators=(",", ":"),
             sort_keys=True,
         )
-        values[ann.RESIZED_FROM] = json.dumps(knobs(ev.cfg.training), sort_keys=True)
-        values[ann.RESIZED_TO] = json.dumps(knobs(cand.training), sort_keys=True)
+        values[ann.RESIZED_FROM] = json.dumps(
+            knobs(ev.cfg.training), separators=(",", ":"), sort_keys=True
+        )
+        values[ann.RESIZED_TO] = json.dumps(
+            knobs(cand.training), separators=(",", ":"), sort_keys=True
+        )
         patch = ops + annotation_ops(obj, values)
+        if not _verify(obj, patch, ev, cand, evaluator):
+            continue
         words = _words(change)
         return Resize(
             cand,

@@ -1,0 +1,169 @@
+"""``dssup admit -f job.yaml``: the admission policy offline, for CI and before ``kubectl apply``.
+
+Exit status: 0 allowed (patched or not), 1 denied, 2 unusable input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dssup.admission.offline import AdmitResult, admit, load_documents
+from dssup.admission.settings import PolicySettings
+from dssup.cli.app import main
+from dssup.errors import ConfigError
+from dssup.memory.gpus import parse_size
+
+__all__ = ["admit_cmd", "policy_options", "policy_settings"]
+
+
+def policy_options(fn: Any) -> Any:
+    """Flags shared by ``dssup admit`` and ``dssup webhook serve``."""
+    for opt in reversed(
+        [
+            click.option(
+                "--reserve",
+                default="1GiB",
+                show_default=True,
+                help="Memory kept free on every GPU (CUDA context growth, NCCL, other tenants).",
+            ),
+            click.option(
+                "--plan-margin",
+                type=float,
+                default=0.05,
+                show_default=True,
+                help="Fraction of usable memory a resized config must leave free.",
+            ),
+            click.option(
+                "--no-recompute-resize", is_flag=True, help="Never raise recompute when resizing."
+            ),
+            click.option(
+                "--no-zero-resize", is_flag=True, help="Never raise the ZeRO stage when resizing."
+            ),
+            click.option(
+                "--allow-offload", is_flag=True, help="Let a resize offload optimizer states."
+            ),
+            click.option(
+                "--default-gpu",
+                default=None,
+                help="GFD product assumed when a GPU job names none (e.g. NVIDIA-H100-80GB-HBM3).",
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def policy_settings(o: dict[str, Any]) -> PolicySettings:
+    reserve = (
+        0 if o["reserve"].strip() in {"0", "0GiB", "0B"} else parse_size(o["reserve"], "--reserve")
+    )
+    if not 0 <= o["plan_margin"] < 1:
+        raise ConfigError("--plan-margin", f"{o['plan_margin']} is outside [0, 1)", "use e.g. 0.05")
+    return PolicySettings(
+        reserve_bytes=reserve,
+        plan_margin=o["plan_margin"],
+        allow_recompute=not o["no_recompute_resize"],
+        allow_zero=not o["no_zero_resize"],
+        allow_offload=o["allow_offload"],
+        default_gpu_product=o["default_gpu"],
+    )
+
+
+def _text(result: AdmitResult) -> str:
+    d = result.decision
+    verdict = "ALLOWED" if d.allowed else "DENIED"
+    lines = [f"{result.name}: {verdict} ({d.code})", f"  {d.message}"]
+    lines += [f"  warning: {w}" for w in d.warnings]
+    if d.patch:
+        lines += ["", result.diff().rstrip()]
+    bd = d.breakdown
+    if bd:
+        g, c = bd["gpu"], bd["config"]
+        lines += [
+            "",
+            f"  GPU {g['product']}: {g['totalGiB']} GiB ({g['source']}), usable {g['usableGiB']} GiB",
+            f"  config: TP={c['tp']} PP={c['pp']} EP={c['ep']} CP={c['cp']} DP={c['dp']} "
+            f"mbs={c['microBatch']} accum={c['gradAccum']} global={c['globalBatch']} "
+            f"seq={c['seqLength']} recompute={c['recompute']} ZeRO-{c['zeroStage']}",
+            "  stage   total  weights  grads  optimizer  activations  (GiB)",
+        ]
+        for s in bd["stages"]:
+            mark = " <- peak" if s["stage"] == bd["peakStage"] else ""
+            lines.append(
+                f"  {s['stage']:>5} {s['totalGiB']:>7} {s['weightsGiB']:>8} {s['gradientsGiB']:>6} "
+                f"{s['optimizerGiB']:>10} {s['activationsGiB']:>12}{mark}"
+            )
+    return "\n".join(lines)
+
+
+@main.command("admit")
+@click.option(
+    "-f",
+    "--filename",
+    "files",
+    multiple=True,
+    required=True,
+    help="Job manifest(s); '-' reads stdin. Nodes/ConfigMaps/runtimes in it feed the cache.",
+)
+@click.option(
+    "--cluster",
+    "cluster",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML with Nodes (GFD labels), ConfigMaps and (Cluster)TrainingRuntimes.",
+)
+@click.option(
+    "-n",
+    "--namespace",
+    default="default",
+    show_default=True,
+    help="Namespace for objects that name none.",
+)
+@click.option("--no-mutate", is_flag=True, help="Only validate: do not try to resize.")
+@click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Same as --output json.")
+@policy_options
+def admit_cmd(
+    files: tuple[str, ...],
+    cluster: tuple[str, ...],
+    namespace: str,
+    no_mutate: bool,
+    output: str,
+    as_json: bool,
+    **o: Any,
+) -> None:
+    """Judge a job manifest like the admission webhook would.
+
+    \b
+    Exit status: 0 allowed (patched or not), 1 denied, 2 unusable input.
+    JSON (--output json): {"allowed", "code", "message", "warnings", "patch"} for one job,
+    a list of those for several.
+    """
+    texts = []
+    for f in files:
+        try:
+            texts.append(sys.stdin.read() if f == "-" else Path(f).read_text())
+        except OSError as exc:
+            raise ConfigError(
+                "-f", f"cannot read {f}: {exc.strerror}", "pass a readable file"
+            ) from None
+    texts += [Path(c).read_text() for c in cluster]
+    results = admit(
+        load_documents(texts),
+        namespace=namespace,
+        mutate=not no_mutate,
+        settings=policy_settings(o),
+    )
+    if as_json or output == "json":
+        docs = [r.to_json() for r in results]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    else:
+        click.echo("\n\n".join(_text(r) for r in results))
+    sys.exit(0 if all(r.decision.allowed for r in results) else 1)
