@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from dssup.errors import ConfigError, DssupError
 from dssup.obs.log import configure_logging
@@ -20,11 +22,35 @@ class DssupGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ConfigError as exc:
-            click.echo(f"dssup: error: {exc}", err=True)
+            click.echo(
+                f"dssup: error: {_flag(exc.field)}: {exc.problem}"
+                + (f"; {exc.fix}" if exc.fix else ""),
+                err=True,
+            )
+            sys.exit(2)
+        except ValidationError as exc:
+            click.echo(f"dssup: error: {_first_error(exc)}", err=True)
             sys.exit(2)
         except DssupError as exc:
             click.echo(f"dssup: error: {exc}", err=True)
             sys.exit(getattr(exc, "exit_code", 125))
+
+
+def _flag(field: str) -> str:
+    """``tp`` -> ``--tp``: name the flag the user typed; dotted or file fields stay as they are."""
+    return "--" + field.replace("_", "-") if re.fullmatch(r"[a-z][a-z_]*", field) else field
+
+
+def _first_error(exc: ValidationError) -> str:
+    """One line from pydantic's report: the field as a flag, the problem, the fix."""
+    err = exc.errors(include_url=False)[0]
+    field = ".".join(str(p) for p in err["loc"]) or exc.title
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    ctx = err.get("ctx") or {}
+    fix = ""
+    if "ge" in ctx or "gt" in ctx:
+        fix = f"; use a value {'>=' if 'ge' in ctx else '>'} {ctx.get('ge', ctx.get('gt'))}"
+    return f"{_flag(field)}: {msg}{fix}"
 
 
 @click.group(cls=DssupGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,120 @@
+"""``dssup estimate``: per-GPU memory of one training config, as a table, JSON or a chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dssup.cli.app import main
+from dssup.cli.options import (
+    build_inputs,
+    layout_options,
+    model_options,
+    overhead_options,
+    training_options,
+)
+from dssup.cli.plot import plot_estimate
+from dssup.cli.render import render_estimate
+from dssup.errors import ConfigError
+from dssup.memory import Estimate, estimate
+
+__all__ = ["estimate_cmd", "run_estimate"]
+
+
+def _dp_and_accum(o: dict[str, Any]) -> tuple[int, int]:
+    dp = o["dp"]
+    if o["world_size"]:
+        mp = o["tp"] * o["pp"] * o["cp"]
+        if o["world_size"] % mp:
+            raise ConfigError(
+                "--world-size",
+                f"{o['world_size']} is not a multiple of tp*pp*cp={mp}",
+                "choose a GPU count divisible by the model-parallel size",
+            )
+        dp = o["world_size"] // mp
+    accum = o["grad_accum"]
+    gbs = o["global_batch_size"]
+    if gbs is not None:
+        rows = o["micro_batch"] * dp
+        if gbs % rows:
+            raise ConfigError(
+                "--global-batch-size",
+                f"{gbs} is not a multiple of micro-batch x dp = {rows}",
+                "pick a micro-batch that divides global batch / dp",
+            )
+        if accum is not None and accum != gbs // rows:
+            raise ConfigError(
+                "--grad-accum",
+                f"{accum} disagrees with --global-batch-size {gbs}",
+                f"drop --grad-accum or set it to {gbs // rows}",
+            )
+        accum = gbs // rows
+    return dp, accum or 1
+
+
+def run_estimate(o: dict[str, Any]) -> Estimate:
+    """Build inputs from parsed flags and estimate (shared with ``dssup demo``)."""
+    dp, accum = _dp_and_accum(o)
+    model, layout, training, overheads, gpu = build_inputs(o, dp, accum)
+    return estimate(model, layout, training, overheads, o["convention"], gpu)
+
+
+@main.command("estimate")
+@model_options
+@layout_options
+@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel size.")
+@click.option(
+    "--world-size",
+    "--gpus",
+    "world_size",
+    type=int,
+    default=None,
+    help="Total GPUs; sets --dp to world / (tp*pp*cp).",
+)
+@click.option(
+    "--global-batch-size",
+    type=int,
+    default=None,
+    help="Sequences per step; sets --grad-accum = global / (micro x dp).",
+)
+@training_options
+@overhead_options
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a PNG: stacked bar per stage with the GPU capacity line.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Also list the peak stage's activation terms.")
+def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> None:
+    """Predict per-GPU memory of a training config, stage by stage.
+
+    \b
+    Every term is reported in bytes (GiB in the table): weights, gradients, optimizer states
+    after ZeRO, activations x in-flight micro-batches, ZeRO-3 working set, buffers,
+    fragmentation and CUDA context; the peak stage and the phase of the peak (forward-backward
+    or optimizer step), plus the assumptions made.
+
+    \b
+    Examples:
+      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB
+      dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32
+      dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
+          --global-batch-size 512 --recompute selective --json
+    Exit status: 0 fits (or no --gpu-memory), 1 does not fit, 2 bad input.
+    """
+    est = run_estimate(o)
+    if plot is not None:
+        plot_estimate(est, plot)
+    if as_json:
+        click.echo(json.dumps(est.model_dump(mode="json"), separators=(",", ":")))
+    else:
+        click.echo(render_estimate(est, verbose))
+        if plot is not None:
+            click.echo(f"chart: {plot}")
+    if est.fits is False:
+        raise SystemExit(1)

@@ -1,0 +1,255 @@
+"""Flags shared by ``estimate`` and ``plan``: model, layout, training, overheads.
+
+One definition of each flag, so both commands (and their ``--help``) always agree, and one
+function that turns the flags into the memory model's objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from dssup.errors import ConfigError
+from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
+from dssup.memory.gpus import parse_size
+from dssup.modelio import load_model
+
+__all__ = [
+    "build_inputs",
+    "layout_options",
+    "model_options",
+    "overhead_options",
+    "training_options",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _apply(options: list[Callable[[F], F]]) -> Callable[[F], F]:
+    def deco(fn: F) -> F:
+        for opt in reversed(options):
+            fn = opt(fn)
+        return fn
+
+    return deco
+
+
+def model_options(fn: F) -> F:
+    return _apply(
+        [
+            click.option(
+                "--model",
+                "-m",
+                default="deepseek-v3",
+                show_default=True,
+                help="Preset name (deepseek-v3, deepseek-v2, deepseek-v2-lite, llama-3-8b, "
+                "mixtral-8x7b, ...) or a path to a Hugging Face config.json (or its folder).",
+            ),
+            click.option(
+                "--convention",
+                type=click.Choice(["megatron", "paper"]),
+                default="megatron",
+                show_default=True,
+                help="megatron: what Megatron/DeepSeek code holds; paper: arXiv 2502.07846 "
+                "exactly (14 B/param, stored softmax, no logits).",
+            ),
+            click.option(
+                "--gpu-memory",
+                default=None,
+                help="GPU capacity to check against: 80GiB, 80GB, or a GPU name (H100, A100-40GB).",
+            ),
+        ]
+    )(fn)
+
+
+def layout_options(fn: F) -> F:
+    return _apply(
+        [
+            click.option(
+                "--tp", type=int, default=1, show_default=True, help="Tensor-parallel size."
+            ),
+            click.option(
+                "--sp/--no-sp",
+                default=True,
+                show_default=True,
+                help="Sequence parallelism with TP (shards norms and dropout by TP).",
+            ),
+            click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages."),
+            click.option(
+                "--vpp",
+                type=int,
+                default=1,
+                show_default=True,
+                help="Virtual stages per pipeline rank (interleaved 1F1B when > 1).",
+            ),
+            click.option(
+                "--schedule",
+                type=click.Choice(["1f1b", "interleaved", "dualpipe"]),
+                default=None,
+                help="Pipeline schedule (default: 1f1b, interleaved if --vpp > 1).",
+            ),
+            click.option(
+                "--ep", type=int, default=1, show_default=True, help="Expert-parallel size."
+            ),
+            click.option(
+                "--etp", type=int, default=1, show_default=True, help="Expert tensor-parallel size."
+            ),
+            click.option(
+                "--cp", type=int, default=1, show_default=True, help="Context-parallel size."
+            ),
+            click.option(
+                "--layers-per-stage",
+                default=None,
+                help="Explicit split, e.g. 4,4,4,...,1 (one count per stage; default: even).",
+            ),
+        ]
+    )(fn)
+
+
+def training_options(fn: F) -> F:
+    return _apply(
+        [
+            click.option(
+                "--micro-batch",
+                "--micro-batch-size",
+                "micro_batch",
+                type=int,
+                default=1,
+                show_default=True,
+                help="Sequences per micro-batch per data-parallel rank.",
+            ),
+            click.option(
+                "--seq-len", type=int, default=4096, show_default=True, help="Tokens per sequence."
+            ),
+            click.option(
+                "--grad-accum",
+                type=int,
+                default=None,
+                help="Micro-batches per step (default: from --global-batch-size, else 1).",
+            ),
+            click.option(
+                "--recompute",
+                type=click.Choice(["none", "selective", "full"]),
+                default="none",
+                show_default=True,
+                help="Activation recomputation.",
+            ),
+            click.option(
+                "--flash-attn/--no-flash-attn",
+                default=None,
+                help="Fused attention (no s^2 scores). Default: on for megatron, off for paper.",
+            ),
+            click.option(
+                "--zero",
+                type=click.IntRange(0, 3),
+                default=0,
+                show_default=True,
+                help="ZeRO stage (1: optimizer, 2: +gradients, 3: +parameters sharded).",
+            ),
+            click.option(
+                "--offload",
+                type=click.Choice(["none", "optimizer", "params", "both"]),
+                default="none",
+                show_default=True,
+                help="Move optimizer states and/or (ZeRO-3) parameters to host memory.",
+            ),
+            click.option(
+                "--precision",
+                type=click.Choice(["bf16", "fp16", "bf16-lowmom", "fp32"]),
+                default=None,
+                help="Bytes per state (default: convention's; paper = bf16-lowmom).",
+            ),
+            click.option(
+                "--moe-imbalance",
+                type=float,
+                default=1.0,
+                show_default=True,
+                help="Max/mean routed tokens per rank (megatron convention).",
+            ),
+        ]
+    )(fn)
+
+
+def overhead_options(fn: F) -> F:
+    return _apply(
+        [
+            click.option(
+                "--comm-buffer", default=None, help="Communication buffers per GPU (e.g. 1GiB)."
+            ),
+            click.option(
+                "--fragmentation",
+                type=float,
+                default=None,
+                help="Allocator fragmentation, fraction of allocated (e.g. 0.1).",
+            ),
+            click.option(
+                "--cuda-context", default=None, help="CUDA context per GPU (e.g. 0.75GiB)."
+            ),
+        ]
+    )(fn)
+
+
+def _split(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as exc:
+        raise ConfigError(
+            "--layers-per-stage",
+            f"cannot read {text!r}",
+            "give comma-separated layer counts, e.g. 4,4,4,1",
+        ) from exc
+
+
+def build_layout(o: dict[str, Any], dp: int) -> Layout:
+    schedule = o["schedule"] or ("interleaved" if o["vpp"] > 1 else "1f1b")
+    return Layout(
+        tp=o["tp"],
+        sp=o["sp"],
+        pp=o["pp"],
+        vpp=o["vpp"],
+        ep=o["ep"],
+        etp=o["etp"],
+        dp=dp,
+        cp=o["cp"],
+        schedule=schedule,
+        layers_per_stage=_split(o["layers_per_stage"]),
+    )
+
+
+def build_training(o: dict[str, Any], grad_accum: int) -> Training:
+    return Training(
+        micro_batch=o["micro_batch"],
+        seq_len=o["seq_len"],
+        grad_accum=grad_accum,
+        recompute=o["recompute"],
+        flash_attention=o["flash_attn"],
+        zero_stage=o["zero"],
+        offload_optimizer=o["offload"] in ("optimizer", "both"),
+        offload_params=o["offload"] in ("params", "both"),
+        precision=Precision.named(o["precision"]) if o["precision"] else None,
+        moe_imbalance=o["moe_imbalance"],
+    )
+
+
+def build_overheads(o: dict[str, Any]) -> Overheads:
+    return Overheads(
+        comm_buffer_bytes=parse_size(o["comm_buffer"], "--comm-buffer")
+        if o["comm_buffer"]
+        else None,
+        fragmentation=o["fragmentation"],
+        cuda_context_bytes=parse_size(o["cuda_context"], "--cuda-context")
+        if o["cuda_context"]
+        else None,
+    )
+
+
+def build_inputs(
+    o: dict[str, Any], dp: int, grad_accum: int
+) -> tuple[ModelSpec, Layout, Training, Overheads, int | None]:
+    model = load_model(o["model"])
+    gpu = parse_size(o["gpu_memory"], "--gpu-memory") if o.get("gpu_memory") else None
+    return model, build_layout(o, dp), build_training(o, grad_accum), build_overheads(o), gpu

@@ -1,0 +1,68 @@
+"""PNG chart of an estimate: one stacked bar per pipeline stage, with the GPU capacity line.
+
+matplotlib is imported here only, with the Agg backend, so the rest of the CLI starts fast and
+no display is ever needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dssup.memory import Estimate
+
+__all__ = ["plot_estimate"]
+
+_PARTS = (
+    ("weights", "weights", "#4C72B0"),
+    ("gradients", "gradients", "#55A868"),
+    ("optimizer", "optimizer", "#C44E52"),
+    ("activations", "activations", "#8172B2"),
+    ("buffers", "buffers + ZeRO-3 set", "#CCB974"),
+    ("fragmentation", "fragmentation", "#64B5CD"),
+    ("cuda_context", "CUDA context", "#8C8C8C"),
+)
+
+
+def _values(est: Estimate, key: str) -> list[float]:
+    g = float(1 << 30)
+    out = []
+    for st in est.stages:
+        b = st.bytes
+        v = getattr(b, key)
+        if key == "buffers":
+            v = b.buffers + b.zero3_working_set + b.calibration
+        out.append(v / g)
+    return out
+
+
+def plot_estimate(est: Estimate, path: Path) -> Path:
+    """Write the chart to ``path`` (PNG) atomically and return it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [str(st.stage) for st in est.stages]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(stages) + 3), 4.5), dpi=120)
+    bottom = [0.0] * len(stages)
+    for key, label, color in _PARTS:
+        vals = _values(est, key)
+        ax.bar(stages, vals, bottom=bottom, label=label, color=color, width=0.7)
+        bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
+    if est.gpu_memory_bytes:
+        cap = est.gpu_memory_bytes / float(1 << 30)
+        ax.axhline(cap, color="black", linestyle="--", linewidth=1.2, label=f"GPU {cap:.0f} GiB")
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(
+        f"{est.model} ({est.convention}): peak stage {est.peak_stage}, "
+        f"{est.peak_bytes / float(1 << 30):.1f} GiB"
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,148 @@
+"""Human-readable tables for estimates and plans (the JSON form is the model's own dump)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dssup.memory import Estimate, PlanResult
+
+__all__ = ["gib", "render_estimate", "render_plan"]
+
+
+def gib(n: int | float) -> str:
+    return f"{n / (1 << 30):.2f}"
+
+
+_COLS = (
+    "stage",
+    "layers",
+    "params(B)",
+    "weights",
+    "grads",
+    "optim",
+    "activ",
+    "x mb",
+    "zero3",
+    "buffers",
+    "frag",
+    "ctx",
+    "TOTAL",
+    "host",
+)
+
+
+def _stage_rows(est: Estimate) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for st in est.stages:
+        b = st.bytes
+        layers = f"{st.layers[0]}-{st.layers[-1]}" if st.layers else "-"
+        mark = "*" if st.stage == est.peak_stage else ""
+        rows.append(
+            (
+                f"{st.stage}{mark}",
+                layers,
+                f"{st.params.total / 1e9:.2f}",
+                gib(b.weights),
+                gib(b.gradients),
+                gib(b.optimizer),
+                gib(b.activations),
+                f"{b.in_flight_micro_batches}",
+                gib(b.zero3_working_set),
+                gib(b.buffers),
+                gib(b.fragmentation),
+                gib(b.cuda_context),
+                gib(b.total),
+                gib(st.host_bytes),
+            )
+        )
+    return rows
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))
+    out = [line, "-" * len(line)]
+    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return out
+
+
+def render_estimate(est: Estimate, verbose: bool = False) -> str:
+    """Per-stage table in GiB, the peak, the verdict and the assumptions."""
+    lines = [
+        f"{est.model}: per-GPU memory, {est.world_size} GPUs, convention {est.convention} (GiB)"
+    ]
+    lines += _table(_COLS, _stage_rows(est))
+    peak = est.peak
+    lines.append(
+        f"peak: stage {est.peak_stage} {gib(est.peak_bytes)} GiB in the {est.peak_phase} phase "
+        f"({gib(peak.bytes.activations_per_micro_batch)} GiB activations per micro-batch)"
+    )
+    if est.gpu_memory_bytes is not None and est.headroom_bytes is not None:
+        verdict = "FITS" if est.fits else "DOES NOT FIT"
+        lines.append(
+            f"GPU {gib(est.gpu_memory_bytes)} GiB: {verdict} "
+            f"(headroom {gib(est.headroom_bytes)} GiB)"
+        )
+    if verbose:
+        lines.append("activation terms of the peak stage (per micro-batch, GiB):")
+        for name, nbytes in sorted(peak.activation_terms.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {name:<28} {gib(nbytes)}")
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in est.assumptions]
+    return "\n".join(lines)
+
+
+def render_plan(res: PlanResult, top: int) -> str:
+    header = (
+        "#",
+        "tp",
+        "pp",
+        "ep",
+        "dp",
+        "micro",
+        "accum",
+        "recompute",
+        "zero",
+        "offload",
+        "peak GiB",
+        "headroom",
+        "step s",
+        "phase",
+    )
+    rows: list[tuple[str, ...]] = []
+    for i, c in enumerate(res.candidates[:top], 1):
+        t, lay = c.training, c.layout
+        off = "both" if t.offload_params else ("optimizer" if t.offload_optimizer else "none")
+        rows.append(
+            (
+                str(i),
+                str(lay.tp),
+                str(lay.pp),
+                str(lay.ep),
+                str(lay.dp),
+                str(t.micro_batch),
+                str(t.grad_accum),
+                t.recompute,
+                str(t.zero_stage),
+                off,
+                gib(c.peak_bytes),
+                gib(c.headroom_bytes),
+                f"{c.step_time_s:.3f}",
+                c.phase,
+            )
+        )
+    lines = [
+        f"{res.fitting} of {res.evaluated} configs fit; cheapest first (micro x accum x dp = "
+        "global batch in every row)"
+    ]
+    if rows:
+        lines += _table(header, rows)
+    elif res.closest is not None:
+        c = res.closest
+        lines.append(
+            f"nothing fits; closest: tp {c.layout.tp} pp {c.layout.pp} ep {c.layout.ep} "
+            f"micro {c.training.micro_batch} recompute {c.training.recompute} zero "
+            f"{c.training.zero_stage} needs {gib(c.peak_bytes)} GiB "
+            f"({gib(-c.headroom_bytes)} GiB over)"
+        )
+    return "\n".join(lines)

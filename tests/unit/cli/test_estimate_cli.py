@@ -1,0 +1,212 @@
+"""``dssup estimate`` / ``dssup plan`` as a user runs them: real processes, real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DSSUP = [sys.executable, "-m", "dssup"]
+V3 = ["--model", "deepseek-v3", "--tp", "2", "--pp", "16", "--ep", "8", "--dp", "32"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DSSUP, *args], check=False, capture_output=True, text=True, timeout=120)
+
+
+def test_json_contract() -> None:
+    out = run("estimate", *V3, "--convention", "paper", "--grad-accum", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["convention"] == "paper"
+    assert isinstance(doc["assumptions"], list) and doc["assumptions"]
+    st = doc["stages"][1]
+    assert st["stage"] == 1
+    assert set(st["params"]) >= {"total", "moe", "non_moe"}
+    keys = {
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "activations_per_micro_batch",
+        "in_flight_micro_batches",
+        "buffers",
+        "fragmentation",
+        "total",
+    }
+    assert keys <= set(st["bytes"])
+    assert all(isinstance(st["bytes"][k], int) for k in keys)
+    assert isinstance(st["host_bytes"], int)
+    assert st["params"]["moe"] == 5_820_645_376
+    assert doc["peak_bytes"] == max(s["bytes"]["total"] for s in doc["stages"])
+    assert doc["stages"][doc["peak_stage"]]["bytes"]["total"] == doc["peak_bytes"]
+
+
+def test_table_and_exit_status_for_fit() -> None:
+    out = run(
+        "estimate",
+        *V3,
+        "--gpu-memory",
+        "80GiB",
+        "--recompute",
+        "full",
+        "--zero",
+        "1",
+        "--global-batch-size",
+        "1024",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "FITS" in out.stdout and "assumptions:" in out.stdout
+    out = run("estimate", *V3, "--gpu-memory", "80GiB", "--global-batch-size", "1024")
+    assert out.returncode == 1
+    assert "DOES NOT FIT" in out.stdout
+
+
+def test_plot_writes_png(tmp_path: Path) -> None:
+    png = tmp_path / "chart.png"
+    out = run("estimate", *V3, "--gpu-memory", "H100", "--plot", str(png))
+    assert out.returncode in (0, 1), out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000
+
+
+def test_plan_prints_ranked_configs_with_exact_batch() -> None:
+    out = run(
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--gpus",
+        "1024",
+        "--global-batch-size",
+        "1024",
+        "--gpu-memory",
+        "80GiB",
+        "--tp",
+        "2",
+        "--pp",
+        "16",
+        "--ep",
+        "8",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["candidates"]
+    for c in doc["candidates"]:
+        t, lay = c["training"], c["layout"]
+        assert t["micro_batch"] * t["grad_accum"] * lay["dp"] == 1024
+        assert c["peak_bytes"] <= 0.95 * 80 * 2**30
+    costs = [c["step_time_s"] for c in doc["candidates"]]
+    assert costs == sorted(costs)
+
+
+def test_hf_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "my-llama" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 4096,
+                "intermediate_size": 11008,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 32,
+                "vocab_size": 32000,
+            }
+        )
+    )
+    out = run("estimate", "--model", str(cfg.parent), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["model"] == "my-llama"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "nope"], "--model: unknown preset 'nope'; use one of"),
+        (
+            ["--model", "deepseek-v3", "--tp", "3"],
+            "--tp: 3 does not divide num_attention_heads=128",
+        ),
+        (
+            ["--model", "deepseek-v3", "--ep", "7", "--dp", "7"],
+            "--ep: 7 does not divide n_routed_experts=256",
+        ),
+        (["--model", "deepseek-v3", "--pp", "99"], "--pp: 99 stages for 61 layers; use at most 61"),
+        (["--model", "deepseek-v3", "--micro-batch", "-1"], "--micro-batch: "),
+        (["--model", "deepseek-v3", "--seq-len", "-5"], "--seq-len: "),
+        (
+            ["--model", "llama-3-8b", "--ep", "2", "--dp", "2"],
+            "--ep: model llama-3-8b has no experts",
+        ),
+        (["--model", "deepseek-v3", "--gpu-memory", "lots"], "--gpu-memory: cannot read 'lots'"),
+        (
+            ["--model", "deepseek-v3", "--pp", "2", "--layers-per-stage", "1,2"],
+            "--layers-per-stage: sums to 3",
+        ),
+        (["--model", "/nonexistent/config.json"], "does not exist"),
+        (
+            ["--model", "deepseek-v3", "--global-batch-size", "7", "--dp", "2"],
+            "--global-batch-size: 7 is not a multiple",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
+    out = run("estimate", *args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    assert needle in lines[0]
+
+
+def test_config_json_missing_field(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_hidden_layers": 4,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    out = run("estimate", "--model", str(cfg))
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "dssup: error: config.json:num_attention_heads: missing; add "
+        "'num_attention_heads' to the config.json"
+    )
+
+
+def test_help_teaches() -> None:
+    out = run("estimate", "--help")
+    assert out.returncode == 0
+    for flag in (
+        "--tp",
+        "--pp",
+        "--ep",
+        "--etp",
+        "--dp",
+        "--cp",
+        "--sp / --no-sp",
+        "--layers-per-stage",
+        "--zero",
+        "--offload",
+        "--micro-batch",
+        "--seq-len",
+        "--grad-accum",
+        "--recompute",
+        "--flash-attn / --no-flash-attn",
+        "--convention",
+        "--gpu-memory",
+        "--json",
+        "--plot",
+        "Examples:",
+    ):
+        assert flag in out.stdout, flag
