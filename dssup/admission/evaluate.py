@@ -100,6 +100,15 @@ class Evaluator:
         if kind == "Pod" and is_controlled(obj):
             return _allow("not-applicable", "a controlled Pod is judged at its owner")
         view = normalise(obj, self.cache, namespace)
+        missed = [n for n in view.notes if n.startswith("cache miss")]
+        found = self._judge_view(view)
+        if missed and isinstance(found, Decision):
+            return _allow(
+                "cache-miss", f"not judged: {missed[0]}", f"dssup: not judged: {missed[0]}"
+            )
+        return found
+
+    def _judge_view(self, view: JobView) -> Evaluation | Decision:
         if not view.training_sets:
             return _allow("not-applicable", "no container requests nvidia.com/gpu")
         src = read_sources(view, self.cache)

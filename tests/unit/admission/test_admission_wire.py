@@ -1,0 +1,96 @@
+"""AdmissionReview v1 parsing and response building, checked against the wire format."""
+
+import base64
+import json
+
+import pytest
+from admission_helpers import load, review
+
+from dssup.admission.wire import encode_patch, parse_review, response_document
+from dssup.errors import MalformedReview
+
+
+def test_patch_encoding_matches_the_kubernetes_docs_example():
+    ops = [{"op": "add", "path": "/spec/replicas", "value": 3}]
+    assert (
+        encode_patch(ops)
+        == "W3sib3AiOiAiYWRkIiwgInBhdGgiOiAiL3NwZWMvcmVwbGljYXMiLCAidmFsdWUiOiAzfV0="
+    )
+
+
+def test_parse_reads_the_fields_the_policy_needs():
+    obj = load("pytorchjob-dsv3-fits.yaml")
+    req = parse_review(json.dumps(review(obj, dry_run=True, uid="u-1")).encode())
+    assert (req.uid, req.kind, req.group, req.operation, req.dry_run) == (
+        "u-1",
+        "PyTorchJob",
+        "kubeflow.org",
+        "CREATE",
+        True,
+    )
+    assert req.obj == obj and req.old_obj is None and req.username == "alice"
+
+
+def test_delete_has_a_null_object():
+    obj = load("job-cpu.yaml")
+    req = parse_review(review(None, "DELETE", old=obj))
+    assert req.obj is None and req.old_obj == obj
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (
+            b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}',
+            "expected apiVersion",
+        ),
+        (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}', "request is missing"),
+        (
+            b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 7}}',
+            "request.uid",
+        ),
+        (b"\xff\xfe", "not JSON"),
+    ],
+)
+def test_unanswerable_bodies_raise_malformed_review(body, why):
+    with pytest.raises(MalformedReview, match=why):
+        parse_review(body)
+
+
+def test_odd_fields_are_read_leniently():
+    doc = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "x", "kind": "Job", "object": [1], "userInfo": "bob", "dryRun": "yes"},
+    }
+    req = parse_review(doc)
+    assert (req.kind, req.obj, req.username, req.dry_run) == ("", None, "", False)
+
+
+def test_allowed_response_with_patch_carries_patch_type():
+    doc = response_document(
+        "u", True, patch=[{"op": "add", "path": "/a", "value": 1}], warnings=["w"]
+    )
+    resp = doc["response"]
+    assert doc["apiVersion"] == "admission.k8s.io/v1" and doc["kind"] == "AdmissionReview"
+    assert resp["patchType"] == "JSONPatch" and resp["warnings"] == ["w"]
+    assert json.loads(base64.b64decode(resp["patch"])) == [{"op": "add", "path": "/a", "value": 1}]
+    assert "status" not in resp
+
+
+def test_denial_has_status_code_at_least_400_and_never_a_patch():
+    resp = response_document(
+        "u", False, patch=[{"op": "add", "path": "/a", "value": 1}], code=200, message="no"
+    )["response"]
+    assert resp["status"] == {"code": 400, "reason": "Forbidden", "message": "no"}
+    assert "patch" not in resp and "patchType" not in resp
+
+
+def test_minimal_allow():
+    assert response_document("u", True) == {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": "u", "allowed": True},
+    }
