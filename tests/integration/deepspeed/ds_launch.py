@@ -1,0 +1,43 @@
+"""Shared helpers for the DeepSpeed integration tests: launch real torchrun jobs on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+HAVE_DEEPSPEED = find_spec("deepspeed") is not None and find_spec("torch") is not None
+needs_deepspeed = pytest.mark.skipif(
+    not HAVE_DEEPSPEED,
+    reason="the deepspeed extra is not installed (pip install -e '.[deepspeed]')",
+)
+
+
+def ds_env(**extra: str) -> dict[str, str]:
+    """CPU DeepSpeed, one thread per rank (deterministic GEMMs whatever the rank count)."""
+    env = dict(os.environ)
+    env |= {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env |= extra
+    return env
+
+
+def torchrun(
+    nproc: int, script: Path, *args: str, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), str(script), *args]
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=ds_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
