@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_terms
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
@@ -82,21 +83,21 @@ def prepare(
 ) -> list[PreparedStage]:
     """Parameters and activation terms of every stage of ``layout``."""
     c = make_ctx(m, layout, training, conv, r)
-    cache: dict[
-        tuple[int, int, bool, bool], tuple[StageParams, tuple[Term, ...], dict[Recompute, int]]
-    ] = {}
     out = []
     for i, layers in enumerate(partition(m.layers, layout)):
-        moe = sum(m.is_moe_layer(j) for j in layers)
-        key = (moe, len(layers) - moe, i == 0, i == layout.pp - 1)
-        if key not in cache:
-            sp = stage_params(m, layout, conv, layers, i)
-            terms = _terms(c, m, sp)
-            acts = {rc: sum(t.bytes for t in terms if keep(t.group, rc)) for rc in RECOMPUTE_LEVELS}
-            cache[key] = (sp, terms, acts)
-        sp, terms, acts = cache[key]
+        sp = stage_params(m, layout, conv, layers, i)
+        terms, acts = _stage_terms(c, sp)
         out.append(PreparedStage(i, layers, sp, terms, acts))
     return out
+
+
+@lru_cache(maxsize=4096)
+def _stage_terms(c: Ctx, sp: StageParams) -> tuple[tuple[Term, ...], dict[Recompute, int]]:
+    """Terms of a stage and its kept bytes per recompute level (cached: the planner meets the
+    same stage kinds in many layouts). Callers must not mutate the returned dict."""
+    terms = _terms(c, c.m, sp)
+    acts = {rc: sum(t.bytes for t in terms if keep(t.group, rc)) for rc in RECOMPUTE_LEVELS}
+    return terms, acts
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,7 +129,7 @@ def _active_params(m: ModelSpec) -> int:
 
 
 _Key = tuple[int, int, bool, bool, Recompute]
-_Hit = tuple[float, int, Layout, _Key, int, str, int]
+_Hit = tuple[float, int, Layout, _Key, int, str, int, int, int]
 
 
 class _Row(NamedTuple):
@@ -169,7 +169,7 @@ class _Search:
         groups = _groups(prepare(req.model, layout, req.training, req.convention, r))
         gpu_params = max(g.params.split.total for g in groups)
         rows = req.global_batch // layout.dp
-        micro = [b for b in (req.micro_batches or divisors(rows)) if rows % b == 0]
+        micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
         offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
         for zero in req.zero_stages:
             for off_opt, off_par in offloads:
@@ -208,7 +208,7 @@ class _Search:
             self.budget,
         )
         table = [(g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt) for g in rows_st]
-        for b in micro:
+        for i, b in enumerate(micro):
             m = rows // b
             best, row, fb_best = -1, rows_st[0], 0
             for g, fixed, depth, a, base_fb, opt in table:
@@ -241,9 +241,15 @@ class _Search:
                     r.precision.weights,
                     r.precision.gradients,
                 )
-                self.fitting.append((sum(cost), total, layout, key, row.stage, phase, m))
-            elif self.closest is None or total < self.closest[1]:
-                self.closest = (0.0, total, layout, key, row.stage, phase, m)
+                hit = (sum(cost), total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+                self.fitting.append(hit)
+                continue
+            if self.closest is None or total < self.closest[1]:
+                self.closest = (0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+            # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
+            # rows)), so every larger micro-batch is decided too: it does not fit either.
+            self.evaluated += len(micro) - i - 1
+            break
 
     def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
         out = []
@@ -267,7 +273,7 @@ class _Search:
         return out
 
     def candidate(self, hit: _Hit) -> Candidate:
-        _, total, layout, key, stage, phase, m = hit
+        _, total, layout, key, stage, phase, m, shard, gpu_params = hit
         zero, b, off_opt, off_par, rc = key
         t = self.req.training.model_copy(
             update={
@@ -279,12 +285,6 @@ class _Search:
                 "offload_params": off_par,
             }
         )
-        # re-derive the cost terms for the few configs returned
-        prepared = prepare(self.req.model, layout, t, self.req.convention, self.r)
-        gpu_params = max(p.params.split.total for p in prepared)
-        shard = states(
-            prepared[stage], layout, t, self.req.convention, self.r, self.ov
-        ).ms.shard_params
         cost = step_cost(
             self.req.cost,
             layout,

@@ -80,13 +80,53 @@ def _layer_cached(
     return base + Split(non_moe=mlp_params(m, layout.tp))
 
 
+def moe_layers_in(m: ModelSpec, layers: range) -> int:
+    """MoE layers among ``layers`` (prefix sums, cached per model)."""
+    prefix = _moe_prefix(m)
+    return prefix[layers.stop] - prefix[layers.start] if len(layers) else 0
+
+
+@lru_cache(maxsize=64)
+def _moe_prefix(m: ModelSpec) -> tuple[int, ...]:
+    out = [0]
+    for i in range(m.layers):
+        out.append(out[-1] + int(m.is_moe_layer(i)))
+    return tuple(out)
+
+
 def stage_params(
     m: ModelSpec, layout: Layout, conv: Convention, layers: range, stage: int
 ) -> StageParams:
-    first, last = stage == 0, stage == layout.pp - 1
-    moe_layers = sum(m.is_moe_layer(i) for i in layers)
+    """Parameters of one GPU of ``stage`` (cached on what they depend on)."""
+    moe = moe_layers_in(m, layers)
+    return _stage_params(
+        m,
+        layout.tp,
+        layout.ep,
+        layout.etp,
+        conv,
+        moe,
+        len(layers) - moe,
+        stage == 0,
+        stage == layout.pp - 1,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _stage_params(
+    m: ModelSpec,
+    tp: int,
+    ep: int,
+    etp: int,
+    conv: Convention,
+    moe_layers: int,
+    dense_layers: int,
+    first: bool,
+    last: bool,
+) -> StageParams:
+    layout = Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
     total, largest = Split(), 0
-    for is_moe, count in ((True, moe_layers), (False, len(layers) - moe_layers)):
+    for is_moe, count in ((True, moe_layers), (False, dense_layers)):
         if count:
             one = _layer(m, layout, conv, is_moe)
             total += one.scale(count)
@@ -110,9 +150,9 @@ def stage_params(
     return StageParams(
         split=total,
         largest_layer=largest,
-        attention_layers=len(layers),
+        attention_layers=moe_layers + dense_layers,
         moe_layers=moe_layers,
-        dense_layers=len(layers) - moe_layers,
+        dense_layers=dense_layers,
         first=first,
         last=last,
     )

@@ -1,0 +1,110 @@
+"""Speed of the memory model and planner, and how far DeepSpeed's model-states estimate is
+from a whole-step estimate.
+
+Run: .venv/bin/python bench/memory_bench.py
+Goals (issue: foundation): full DeepSeek-V3 estimate < 1 ms; planner over >= 10,000 configs
+< 100 ms. Figures are medians of repeated runs (wall clock, this machine, single thread).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+from dssup.memory import GiB, Layout, PlanRequest, Training, estimate, plan, preset
+
+V3 = preset("deepseek-v3")
+LAYOUT = Layout(tp=2, pp=16, ep=8, dp=32)
+TRAIN = Training(micro_batch=1, seq_len=4096, grad_accum=32, zero_stage=1)
+
+
+def timed(fn: Callable[[], object], repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_estimate() -> float:
+    estimate(V3, LAYOUT, TRAIN)  # warm caches the way a long-lived webhook/supervisor is
+    runs = timed(lambda: estimate(V3, LAYOUT, TRAIN, gpu_memory_bytes=80 * GiB), 300)
+    med = statistics.median(runs) * 1e3
+    cold = timed(lambda: estimate(V3, Layout(tp=4, pp=16, ep=16, dp=32), TRAIN), 1)
+    print(
+        f"estimate  DeepSeek-V3 16 stages: median {med:.3f} ms, p90 "
+        f"{sorted(runs)[int(0.9 * len(runs))] * 1e3:.3f} ms (goal < 1 ms; first call with a "
+        f"new layout {cold[0] * 1e3:.2f} ms)"
+    )
+    return med
+
+
+def bench_plan() -> tuple[float, int]:
+    req = PlanRequest(
+        model=V3,
+        gpu_memory_bytes=80 * GiB,
+        global_batch=1024,
+        world_size=1024,
+        layout=Layout(tp=2, pp=16, ep=8),
+        training=Training(seq_len=4096),
+        search_parallelism=True,
+    )
+    res = plan(req)
+    runs = timed(lambda: plan(req), 5)
+    med = statistics.median(runs) * 1e3
+    print(
+        f"plan      DeepSeek-V3, 1024 GPUs, TP/PP/EP searched: {res.evaluated} configs, "
+        f"{res.fitting} fit, median {med:.1f} ms = {med * 1e3 / res.evaluated:.2f} us/config "
+        f"(goal: >= 10,000 configs < 100 ms)"
+    )
+    fixed = req.model_copy(
+        update={"search_parallelism": False, "layout": LAYOUT.model_copy(update={"dp": 1})}
+    )
+    r2 = plan(fixed)
+    runs2 = timed(lambda: plan(fixed), 20)
+    print(
+        f"plan      fixed layout TP2 PP16 EP8: {r2.evaluated} configs, median "
+        f"{statistics.median(runs2) * 1e3:.1f} ms"
+    )
+    return med, res.evaluated
+
+
+def bench_deepspeed() -> None:
+    try:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    except Exception as exc:  # optional extra
+        print(f"deepspeed: not installed ({type(exc).__name__}); ratio skipped")
+        return
+    lite = preset("deepseek-v2-lite")
+    from dssup.memory.params import model_total
+
+    total = model_total(lite, "megatron")
+    largest = 3 * lite.hidden * lite.moe.expert_ffn * lite.moe.n_routed  # type: ignore[union-attr]
+    t0 = time.perf_counter()
+    ds = estimate_zero3_model_states_mem_needs(
+        total,
+        largest,
+        num_gpus_per_node=8,
+        num_nodes=2,
+        cpu_offload=False,
+        cpu_offload_params=False,
+    )
+    ds_gpu = ds[1]
+    ds_t = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    ours = estimate(lite, Layout(dp=16), Training(micro_batch=4, seq_len=4096, zero_stage=3))
+    our_t = time.perf_counter() - t1
+    print(
+        f"deepspeed estimate_zero3_model_states_mem_needs (V2-Lite, 16 GPUs, ZeRO-3): "
+        f"{ds_gpu / GiB:.2f} GiB per GPU (model states only) vs dssup {ours.peak_bytes / GiB:.2f} "
+        f"GiB whole step: ratio {ours.peak_bytes / ds_gpu:.1f}x; time {ds_t * 1e3:.3f} ms vs "
+        f"{our_t * 1e3:.3f} ms"
+    )
+
+
+if __name__ == "__main__":
+    bench_estimate()
+    bench_plan()
+    bench_deepspeed()
