@@ -37,7 +37,7 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any) -> Path:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     target = step_dir(root, step)
     state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": torch.tensor(step)}}
-    dcp.save(state, checkpoint_id=str(target))
+    dcp.save(state, checkpoint_id=str(target))  # type: ignore[attr-defined]
     return target
 
 

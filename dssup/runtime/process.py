@@ -49,7 +49,17 @@ def memory_cap(budget_bytes: int) -> int:
 
 
 def clean_exit(dist: Any | None = None, code: int = 0) -> None:
-    """Barrier, destroy the process group, flush, ``os._exit``: no teardown abort after success."""
+    """Barrier, destroy the process group, flush, ``os._exit``: no teardown abort after success.
+
+    Under ``dssup run`` it first leaves a "done" marker for this rank in the attempt directory,
+    so that an abort later in teardown is recognised as such, not as a training failure.
+    """
+    attempt_dir = os.environ.get("DSSUP_ATTEMPT_DIR")
+    if attempt_dir and code == 0:
+        done = os.path.join(attempt_dir, "done")
+        os.makedirs(done, exist_ok=True)
+        with open(os.path.join(done, f"rank-{os.environ.get('RANK', '0')}"), "w") as fh:
+            fh.write("done\n")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

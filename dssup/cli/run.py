@@ -1,0 +1,224 @@
+"""``dssup run [OPTIONS] -- torchrun ... train.py ...``: run a torchrun job that recovers from OOM.
+
+This module turns flags into a ``SupervisorConfig`` and an initial ``TrainingPlan``, builds the
+remedy ladder (with the memory model when ``--model`` is given), runs the supervisor, prints the
+summary and exits with the documented status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dssup.cli.app import main
+from dssup.errors import ConfigError
+from dssup.obs.metrics import Metrics, NullMetrics, PrometheusMetrics
+from dssup.supervisor import (
+    Journal,
+    RemedyPlanner,
+    Supervisor,
+    SupervisorConfig,
+    TorchrunCommand,
+    TrainingPlan,
+    parse_command,
+)
+from dssup.supervisor.adapters import PlanAdapter, load_adapters
+from dssup.supervisor.contract import read_plan_flags
+from dssup.supervisor.story import story, summarize
+
+__all__ = ["build_supervisor", "initial_plan", "print_summary", "run_cmd"]
+
+EXIT_HELP = """\b
+Exit status: 0 the job finished (after any number of recoveries); after giving up, the
+last torchrun status (128+N when it died of signal N); 125 dssup's own failure; 126 the
+command is not runnable; 127 it was not found; 2 bad usage.
+"""
+
+
+def _solve(gb: int | None, mb: int | None, gas: int | None, dp: int) -> tuple[Any, Any, Any]:
+    if gb is not None and mb is not None:
+        if gb % (mb * dp):
+            raise ConfigError(
+                "--global-batch-size",
+                f"{gb} is not a multiple of micro-batch {mb} x data-parallel {dp}",
+                "choose a global batch divisible by micro-batch x ranks",
+            )
+        want = gb // (mb * dp)
+        if gas is not None and gas != want:
+            raise ConfigError("--grad-accum", f"{gas} != {gb}/({mb}x{dp})", "drop --grad-accum")
+        return gb, mb, want
+    if gb is not None:
+        if gb % dp:
+            raise ConfigError("--global-batch-size", f"{gb} not divisible by dp={dp}", "")
+        return gb, gb // (dp * (gas or 1)) or 1, gas or 1
+    if mb is not None:
+        return mb * (gas or 1) * dp, mb, gas or 1
+    return None, None, gas
+
+
+def initial_plan(
+    cmd: TorchrunCommand, o: dict[str, Any], adapters: list[PlanAdapter]
+) -> TrainingPlan:
+    """Attempt 1's plan: dssup flags first, then the script's own flags, then adapters."""
+    world = cmd.world_size()
+    mp = o.get("tp", 1) * o.get("pp", 1) * o.get("cp", 1)
+    if world % mp:
+        raise ConfigError("--tp/--pp/--cp", f"tp*pp*cp={mp} does not divide {world} ranks", "")
+    found = read_plan_flags(cmd.script_args)
+    gb = o.get("global_batch_size") or found.get("global_batch")
+    mb = o.get("micro_batch_size") or found.get("micro_batch")
+    gas = o.get("grad_accum") or found.get("grad_accum")
+    gb, mb, gas = _solve(gb, mb, gas, world // mp)
+    plan = TrainingPlan(
+        micro_batch=mb, grad_accum=gas, global_batch=gb, dp=world // mp, world_size=world,
+        recompute=o.get("recompute") or "none", zero_stage=o.get("zero_stage") or 0,
+    )  # fmt: skip
+    for adapter in adapters:
+        plan = adapter.initial_plan(cmd, plan)
+    return plan
+
+
+def _run_id(command: list[str], o: dict[str, Any]) -> str:
+    key = repr((os.getcwd(), command, sorted((k, str(v)) for k, v in o.items())))
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _run_dir(command: list[str], o: dict[str, Any]) -> tuple[str, Path]:
+    if o.get("resume"):
+        run_dir = Path(o["resume"])
+        return run_dir.name, run_dir
+    if o.get("run_dir"):
+        return Path(o["run_dir"]).name, Path(o["run_dir"])
+    base = _run_id(command, o)
+    for n in range(1, 1000):
+        run_id = base if n == 1 else f"{base}-{n}"
+        run_dir = Path("dssup-runs") / run_id
+        if not Journal(run_dir).ended:
+            return run_id, run_dir
+    raise ConfigError("--run-dir", "too many finished runs for this command", "pass --run-dir")
+
+
+def _model_step(o: dict[str, Any], plan: TrainingPlan) -> Any:
+    if not o.get("model"):
+        return None
+    from dssup.memory import Layout, Training
+    from dssup.memory.gpus import parse_size
+    from dssup.modelio import load_model
+    from dssup.supervisor.modelplan import ModelStep
+
+    if not o.get("gpu_memory"):
+        raise ConfigError("--gpu-memory", "needed with --model", "e.g. --gpu-memory 80GiB or H100")
+    layout = Layout(tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"], dp=plan.dp)
+    base = Training(seq_len=o["seq_len"])
+    return ModelStep(
+        model=load_model(o["model"]), layout=layout, base=base,
+        gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"), margin=o["margin"],
+    )  # fmt: skip
+
+
+def _device(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    has_gpu = any(d.startswith("nvidia") and d[6:].isdigit() for d in os.listdir("/dev"))
+    return "cuda" if has_gpu else "cpu"
+
+
+def build_supervisor(command: list[str], o: dict[str, Any], sink: Any = None) -> Supervisor:
+    """Everything ``dssup run`` does before launching; ``dssup demo`` reuses it."""
+    run_id, run_dir = _run_dir(command, o)
+    journal = Journal(run_dir)
+    if journal.started and not command:
+        command = list(journal.records[0]["command"])
+    if not command:
+        raise ConfigError("command", "no command given", "add: -- torchrun ... train.py")
+    if journal.started and list(journal.records[0]["command"]) != list(command):
+        raise ConfigError("--resume", f"{run_dir} belongs to another command", "use --run-dir")
+    cmd = parse_command(command)
+    adapters = load_adapters() if o.get("adapters", True) else []
+    plan = initial_plan(cmd, o, adapters)
+    ckpt = o.get("checkpoint_dir")
+    for adapter in adapters if ckpt is None else []:
+        ckpt = next(iter(adapter.checkpoint_dirs(cmd)), None) or ckpt
+    config = SupervisorConfig(
+        run_id=run_id, run_dir=run_dir.resolve(), command=list(command), initial_plan=plan,
+        checkpoint_dir=Path(ckpt).resolve() if ckpt else None,
+        checkpoint_pattern=o.get("checkpoint_pattern"), device=_device(o.get("device", "auto")),
+        max_attempts=o.get("max_attempts", 8), max_no_progress=o.get("max_no_progress", 5),
+        transient_retries=o.get("transient_retries", 3),
+        backoff_initial_s=o.get("backoff", 1.0), grace_s=o.get("grace", 10.0),
+        metrics_textfile=Path(o["metrics_textfile"]) if o.get("metrics_textfile") else None,
+        stream_output=not o.get("quiet", False),
+    )  # fmt: skip
+    metrics: Metrics = PrometheusMetrics() if config.metrics_textfile else NullMetrics()
+    steps = [s for a in adapters for s in a.remedy_steps()]
+    planner = RemedyPlanner.default(_model_step(o, plan), steps)
+    out = sink if sink is not None else (click.echo if config.stream_output else None)
+    return Supervisor(config, cmd, planner, adapters, metrics, sink=out)
+
+
+def print_summary(journal: Journal, echo: Any = click.echo) -> None:
+    s = summarize(journal)
+    echo("")
+    echo(f"dssup: {s.outcome} after {s.attempts} attempt(s); run directory {journal.path.parent}")
+    for failure in s.failures:
+        echo(f"  failed   {failure}")
+    for change in s.changes:
+        echo(f"  changed  {change}")
+    gb = s.global_batches[0] if s.global_batches else None
+    state = "unchanged" if s.global_batch_unchanged else f"CHANGED {s.global_batches}"
+    echo(f"  global batch {gb}: {state}; time lost {s.time_lost_s:.1f} s of {s.wall_s:.1f} s")
+    if s.relaunch_overheads_s:
+        worst = max(s.relaunch_overheads_s)
+        echo(f"  relaunch overhead (torchrun exit -> next launch): max {worst * 1000:.0f} ms")
+
+
+@main.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog=EXIT_HELP,
+)
+@click.option("--run-dir", type=click.Path(path_type=Path), help="Default ./dssup-runs/<run-id>.")
+@click.option("--resume", type=click.Path(exists=True, path_type=Path), help="Continue this run.")
+@click.option("--global-batch-size", type=int, help="Sequences per optimizer step (kept exact).")
+@click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per rank.")
+@click.option("--grad-accum", type=int, help="Micro-batches per optimizer step.")
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None)
+@click.option("--zero-stage", type=int, default=None, help="DeepSpeed ZeRO stage of attempt 1.")
+@click.option("--checkpoint-dir", type=click.Path(path_type=Path), help="Where the job saves.")
+@click.option("--checkpoint-pattern", help="Glob under --checkpoint-dir (default: auto-detect).")
+@click.option("--model", help="Preset or config.json: plan remedies with the memory model.")
+@click.option("--gpu-memory", help="GPU capacity for --model: 80GiB, H100, ...")
+@click.option("--seq-len", type=int, default=4096, show_default=True)
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--pp", type=int, default=1, show_default=True)
+@click.option("--cp", type=int, default=1, show_default=True)
+@click.option("--ep", type=int, default=1, show_default=True)
+@click.option("--margin", type=float, default=0.05, show_default=True, help="Memory kept free.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
+@click.option("--max-attempts", type=int, default=8, show_default=True)
+@click.option("--max-no-progress", type=int, default=5, show_default=True)
+@click.option("--transient-retries", type=int, default=3, show_default=True)
+@click.option("--backoff", type=float, default=1.0, show_default=True, help="First backoff, s.")
+@click.option("--grace", type=float, default=10.0, show_default=True, help="SIGTERM->SIGKILL, s.")
+@click.option("--metrics-textfile", type=click.Path(path_type=Path), help="Prometheus textfile.")
+@click.option("--quiet", is_flag=True, help="Do not copy torchrun's output to stdout.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run_cmd(command: tuple[str, ...], **o: Any) -> None:
+    """Run a torchrun command; on OOM, relaunch it with a plan that fits (global batch exact).
+
+    \b
+      dssup run --global-batch-size 32 --checkpoint-dir ckpt -- \\
+          torchrun --standalone --nproc-per-node 2 train.py --micro-batch-size 16
+    """
+    sup = build_supervisor(list(command), o)
+    outcome = sup.run()
+    print_summary(outcome.journal)
+    if o.get("verbose_story"):
+        for line in story(outcome.journal):
+            click.echo(line)
+    sys.exit(outcome.exit_code)

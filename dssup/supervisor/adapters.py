@@ -1,0 +1,103 @@
+"""Extension points: framework adapters and extra rungs of the remedy ladder.
+
+The supervisor itself knows torchrun, the ``DSSUP_*`` environment and a few well-known batch
+flags. A framework adapter (DeepSpeed lives in ``dssup.supervisor.deepspeed``) adds what only it
+knows, through one small protocol:
+
+* ``initial_plan``: read batch/ZeRO/offload settings from the command (a DeepSpeed JSON);
+* ``capabilities``: which plan fields it can change (``zero_stage``, ``offload``); the planner
+  only proposes changes that some adapter (or the environment contract) can carry out;
+* ``remedy_steps``: extra ladder rungs (raise ZeRO stage, offload optimizer, ...), tried after
+  the built-in ones in the order given;
+* ``apply``: rewrite the command and environment for an attempt (write a new DeepSpeed JSON
+  under the attempt directory, point the command at it);
+* ``checkpoint_dirs``: where this framework saves checkpoints, found in the command.
+
+``load_adapters`` finds the DeepSpeed adapter by importing ``dssup.supervisor.deepspeed`` and
+calling its ``adapter()`` factory when that exists, so this package never depends on it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.models import Failure, Remedy, TrainingPlan
+
+__all__ = ["AppliedPlan", "PlanAdapter", "RemedyContext", "RemedyStep", "load_adapters"]
+
+log = logging.getLogger(__name__)
+
+BUILTIN_CAPABILITIES = frozenset(
+    {"micro_batch", "grad_accum", "recompute", "expandable_segments", "load_to_cpu"}
+)
+
+
+@dataclass(frozen=True)
+class RemedyContext:
+    """What a ladder rung may look at besides the failure and the current plan."""
+
+    tried: frozenset[str]  # TrainingPlan.key() of every config that already failed
+    capabilities: frozenset[str]
+    device: str = "cuda"  # "cpu" when tensors live on the CPU (gloo jobs)
+
+
+@runtime_checkable
+class RemedyStep(Protocol):
+    """One rung of the ladder. ``propose`` returns None when it has nothing to offer."""
+
+    name: str
+
+    def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        """A new plan that should avoid ``failure``, never one whose key is in ``ctx.tried``."""
+        ...
+
+
+@dataclass
+class AppliedPlan:
+    """An adapter's changes for one attempt."""
+
+    script_args: list[str] | None = None  # replaces the worker arguments when set
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # journalled, e.g. "wrote ds_config.json"
+
+
+class PlanAdapter(Protocol):
+    name: str
+    capabilities: frozenset[str]
+
+    def initial_plan(self, command: TorchrunCommand, plan: TrainingPlan) -> TrainingPlan:
+        """Fill in what the command says (batch triple, ZeRO stage); return ``plan`` if nothing."""
+        ...
+
+    def remedy_steps(self) -> Sequence[RemedyStep]: ...
+
+    def apply(
+        self,
+        plan: TrainingPlan,
+        command: TorchrunCommand,
+        script_args: list[str],
+        attempt_dir: Path,
+    ) -> AppliedPlan: ...
+
+    def checkpoint_dirs(self, command: TorchrunCommand) -> list[Path]: ...
+
+
+def load_adapters(names: Sequence[str] = ("dssup.supervisor.deepspeed",)) -> list[PlanAdapter]:
+    """Adapters whose package exposes ``adapter() -> PlanAdapter`` (absent ones are skipped)."""
+    found: list[PlanAdapter] = []
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            log.debug("adapter %s not available: %s", name, exc)
+            continue
+        factory = getattr(module, "adapter", None)
+        if callable(factory):
+            found.append(factory())
+    return found

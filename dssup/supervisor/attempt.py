@@ -1,0 +1,150 @@
+"""One attempt, start to verdict: build the command and environment, run torchrun, classify.
+
+The command gets dssup's launcher options only where the user did not set them: a per-attempt
+``--log-dir`` (each rank's ``error.json``, ``stdout.log``, ``stderr.log`` are kept),
+``--redirects 3 --tee 3`` (files *and* console), and ``--max-restarts 0`` (torchrun would
+relaunch the same failing config; dssup owns restarts). ``TORCHELASTIC_ERROR_FILE`` is set in
+torchrun's own environment so it copies the root cause there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dssup.supervisor.adapters import PlanAdapter
+from dssup.supervisor.checkpoints import CheckpointRef
+from dssup.supervisor.classify import classify
+from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.contract import contract_env, rewrite_flags, write_plan_file
+from dssup.supervisor.evidence import collect
+from dssup.supervisor.hygiene import oom_kill_count, wait_gpu_released
+from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
+from dssup.supervisor.process import Child, processes_with_token, terminate_token
+
+__all__ = ["AttemptResult", "AttemptSpec", "build_spec", "run_attempt"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AttemptSpec:
+    number: int
+    dir: Path
+    token: str
+    argv: list[str]
+    env: dict[str, str]  # the dssup-set part (contract + adapters), journalled
+    resume_from: CheckpointRef | None
+    notes: list[str]
+
+
+@dataclass
+class AttemptResult:
+    exit_code: int
+    failure: Failure | None
+    started: float  # time.time()
+    ended: float
+    exited_mono: float  # monotonic time torchrun's exit was seen
+    stragglers: list[int]
+
+
+def _launcher_extras(cmd: TorchrunCommand, attempt_dir: Path) -> list[str]:
+    extra: list[str] = []
+    if not cmd.has("log-dir"):
+        extra += ["--log-dir", str(attempt_dir / "logs")]
+    if not cmd.has("redirects") and not cmd.has("tee"):
+        extra += ["--redirects", "3", "--tee", "3"]
+    if not cmd.has("max-restarts"):
+        extra += ["--max-restarts", "0"]
+    return extra
+
+
+def build_spec(
+    cmd: TorchrunCommand,
+    plan: TrainingPlan,
+    *,
+    number: int,
+    run_id: str,
+    run_dir: Path,
+    resume: CheckpointRef | None,
+    checkpoint_dir: Path | None,
+    adapters: Sequence[PlanAdapter],
+) -> AttemptSpec:
+    attempt_dir = run_dir / f"attempt-{number:03d}"
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    token = f"{run_id}/{number}"
+    env = contract_env(
+        plan,
+        attempt=number,
+        run_id=run_id,
+        run_dir=run_dir,
+        attempt_dir=attempt_dir,
+        token=token,
+        resume_from=resume.path if resume else None,
+        checkpoint_dir=checkpoint_dir,
+    )
+    env["TORCHELASTIC_ERROR_FILE"] = str(attempt_dir / "root_cause.json")
+    script_args = rewrite_flags(cmd.script_args, plan)
+    notes: list[str] = []
+    for adapter in adapters:
+        applied = adapter.apply(plan, cmd, script_args, attempt_dir)
+        script_args = applied.script_args if applied.script_args is not None else script_args
+        env.update(applied.env)
+        notes += applied.notes
+    write_plan_file(attempt_dir / "plan.json", plan, number)
+    argv = cmd.argv(_launcher_extras(cmd, attempt_dir), script_args)
+    return AttemptSpec(number, attempt_dir, token, argv, env, resume, notes)
+
+
+def run_attempt(
+    spec: AttemptSpec,
+    cmd: TorchrunCommand,
+    *,
+    world_size: int,
+    grace_s: float,
+    gpu_timeout_s: float,
+    sink: Callable[[str], None] | None,
+    stop_signal: Callable[[], int | None],
+    on_start: Callable[[Child], None],
+) -> AttemptResult:
+    """Launch torchrun, wait (forwarding a stop request), clean up, and classify the end."""
+    oom_before = oom_kill_count()
+    child = Child(spec.argv, {**os.environ, **spec.env}, spec.dir / "torchrun.log", sink)
+    started = time.time()
+    child.start()
+    on_start(child)
+    forwarded: int | None = None
+    code = None
+    while code is None:
+        code = child.wait(0.05)
+        if code is None and (sig := stop_signal()) is not None and forwarded is None:
+            log.warning("forwarding %s to torchrun (pid %s)", signal.Signals(sig).name, child.pid)
+            child.send(sig)
+            forwarded = sig
+    exited = time.monotonic()
+    pids = processes_with_token(spec.token)
+    stragglers = terminate_token(spec.token, grace_s) if pids else []
+    wait_gpu_released(pids, gpu_timeout_s)
+    evidence = collect(
+        spec.dir,
+        code,
+        child.console_tail(),
+        log_dir=Path(user_log) if (user_log := cmd.option("log-dir")) else None,
+        oom_kills=oom_kill_count() - oom_before,
+        world_size=world_size,
+    )
+    failure = classify(evidence)
+    if forwarded is not None:
+        failure = Failure(
+            kind=FailureKind.INTERRUPTED,
+            exit_code=code,
+            signal=forwarded,
+            message=f"dssup received {signal.Signals(forwarded).name}",
+            evidence=(f"forwarded {signal.Signals(forwarded).name} to torchrun",),
+        )
+    return AttemptResult(code, failure, started, time.time(), exited, stragglers)

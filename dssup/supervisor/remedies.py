@@ -1,0 +1,140 @@
+"""The remedy ladder: from a failure and the current plan to the cheapest change that should fit.
+
+Rungs, cheapest first: load checkpoints to the CPU (an OOM while loading), the allocator's
+expandable segments (when the memory PyTorch reserved but did not use would have covered the
+request), then either the memory model's plan (``ModelStep``, when a model description was
+given) or, from the failure alone, halving the micro-batch with doubled accumulation and
+raising recompute; then any adapter rungs (DeepSpeed: ZeRO stage, offload). The global batch is
+exact on every rung, and no rung ever proposes a config that already failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dssup.supervisor.adapters import RemedyContext, RemedyStep
+from dssup.supervisor.models import Failure, FailureKind, Remedy, TrainingPlan
+
+__all__ = [
+    "AllocConfStep",
+    "HalveMicroBatchStep",
+    "LoadToCpuStep",
+    "RaiseRecomputeStep",
+    "RemedyPlanner",
+    "per_rank_share",
+]
+
+log = logging.getLogger(__name__)
+_RECOMPUTE = ("none", "selective", "full")
+
+
+def per_rank_share(plan: TrainingPlan) -> int | None:
+    """Samples per data-parallel rank per optimizer step (micro-batch x accumulation)."""
+    if plan.global_batch is not None and plan.global_batch % plan.dp == 0:
+        return plan.global_batch // plan.dp
+    if plan.micro_batch is not None and plan.grad_accum is not None:
+        return plan.micro_batch * plan.grad_accum
+    return None
+
+
+def _fresh(plan: TrainingPlan, ctx: RemedyContext) -> bool:
+    return plan.key() not in ctx.tried
+
+
+def _activation_oom(failure: Failure, ctx: RemedyContext) -> bool:
+    """An OOM that a smaller micro-batch or more recompute can fix."""
+    if failure.kind == FailureKind.CUDA_OOM:
+        return True
+    return failure.kind == FailureKind.HOST_OOM and ctx.device == "cpu"
+
+
+class LoadToCpuStep:
+    name = "load-to-cpu"
+
+    def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        if failure.kind != FailureKind.LOAD_OOM or plan.load_to_cpu:
+            return None
+        new = plan.model_copy(update={"load_to_cpu": True})
+        reason = "the OOM happened while loading the checkpoint: load it to the CPU first"
+        return Remedy(step=self.name, plan=new, reason=reason) if _fresh(new, ctx) else None
+
+
+class AllocConfStep:
+    name = "alloc-conf"
+
+    def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        tried, spare = failure.tried_to_allocate, failure.reserved_unallocated
+        if failure.kind != FailureKind.CUDA_OOM or plan.expandable_segments:
+            return None
+        if tried is None or spare is None or spare < tried:
+            return None
+        new = plan.model_copy(update={"expandable_segments": True})
+        reason = (
+            f"{spare} bytes were reserved but unallocated, enough for the {tried}-byte request: "
+            "fragmentation, so set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        )
+        return Remedy(step=self.name, plan=new, reason=reason) if _fresh(new, ctx) else None
+
+
+class HalveMicroBatchStep:
+    name = "halve-micro-batch"
+
+    def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        share = per_rank_share(plan)
+        if not _activation_oom(failure, ctx) or share is None or plan.micro_batch is None:
+            return None
+        for mb in range(plan.micro_batch // 2, 0, -1):
+            if share % mb:
+                continue
+            new = plan.model_copy(update={"micro_batch": mb, "grad_accum": share // mb})
+            if _fresh(new, ctx):
+                reason = (
+                    f"micro-batch {plan.micro_batch} -> {mb}, accumulation "
+                    f"{plan.grad_accum} -> {share // mb}: activations halve, global batch "
+                    f"stays {plan.global_batch or share * plan.dp}"
+                )
+                return Remedy(step=self.name, plan=new, reason=reason)
+        return None
+
+
+class RaiseRecomputeStep:
+    name = "recompute"
+
+    def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        if not _activation_oom(failure, ctx) or plan.recompute not in _RECOMPUTE:
+            return None
+        for level in _RECOMPUTE[_RECOMPUTE.index(plan.recompute) + 1 :]:
+            new = plan.model_copy(update={"recompute": level})
+            if _fresh(new, ctx):
+                reason = f"recompute {plan.recompute} -> {level}: activations are recomputed"
+                return Remedy(step=self.name, plan=new, reason=reason)
+        return None
+
+
+@dataclass
+class RemedyPlanner:
+    """Walks the rungs in order; the first fresh proposal wins."""
+
+    steps: Sequence[RemedyStep]
+
+    @classmethod
+    def default(
+        cls, model_step: RemedyStep | None = None, extra: Sequence[RemedyStep] = ()
+    ) -> RemedyPlanner:
+        batch: list[RemedyStep] = (
+            [model_step] if model_step else [HalveMicroBatchStep(), RaiseRecomputeStep()]
+        )
+        return cls([LoadToCpuStep(), AllocConfStep(), *batch, *extra])
+
+    def decide(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        for step in self.steps:
+            remedy = step.propose(failure, plan, ctx)
+            if remedy is None or remedy.plan.key() in ctx.tried:
+                continue
+            if remedy.plan.global_batch != plan.global_batch:
+                log.error("rung %s changed the global batch; ignored", step.name)
+                continue
+            return remedy
+        return None

@@ -1,0 +1,307 @@
+"""The outer loop: launch, classify, decide, relaunch, with the journal as the only memory.
+
+State (current plan, configs that failed, attempts used, progress) is always rebuilt from the
+journal, so a supervisor started again after SIGKILL continues the same run: it first kills
+what is left of the attempt it lost (found by the attempt's token), records that attempt as
+interrupted, and relaunches the same plan from the latest complete checkpoint. Unknown
+failures are retried with exponential backoff by tenacity; OOMs go to the remedy ladder; user
+errors and exhausted budgets end the run with the child's status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt, wait_exponential
+
+from dssup.obs.metrics import Metrics, NullMetrics
+from dssup.supervisor.adapters import BUILTIN_CAPABILITIES, PlanAdapter, RemedyContext
+from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
+from dssup.supervisor.checkpoints import find_latest
+from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.config import SupervisorConfig
+from dssup.supervisor.journal import Journal
+from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
+from dssup.supervisor.process import Child, terminate_token
+from dssup.supervisor.remedies import RemedyPlanner
+from dssup.supervisor.state import RunState, replay
+
+__all__ = ["RunOutcome", "Supervisor"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    reason: str
+    journal: Journal
+
+
+@dataclass
+class Supervisor:
+    config: SupervisorConfig
+    command: TorchrunCommand
+    planner: RemedyPlanner
+    adapters: Sequence[PlanAdapter] = ()
+    metrics: Metrics = field(default_factory=NullMetrics)
+    sink: Callable[[str], None] | None = None
+    sleep: Callable[[float], None] = time.sleep
+    _signal: int | None = None
+    _child: Child | None = None
+
+    # --- signals -------------------------------------------------------------------------
+    def request_stop(self, sig: int) -> None:
+        """Called from a signal handler: forward once torchrun runs, never relaunch."""
+        self._signal = sig
+
+    def _install(self) -> dict[int, Any]:
+        old: dict[int, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread: the caller forwards
+                old[sig] = signal.signal(sig, lambda s, _f: self.request_stop(s))
+        return old
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self) -> RunOutcome:
+        journal = Journal(self.config.run_dir)
+        if not journal.started:
+            journal.append(
+                "run-started",
+                run_id=self.config.run_id,
+                command=self.config.command,
+                plan=self.config.initial_plan.model_dump(mode="json"),
+                config=self.config.model_dump(mode="json", exclude={"initial_plan"}),
+            )
+        else:
+            self._recover(journal)
+        old = self._install()
+        try:
+            return self._loop(journal)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _recover(self, journal: Journal) -> None:
+        lost = journal.open_attempt()
+        killed: list[int] = []
+        if lost is not None:
+            killed = terminate_token(lost["token"], self.config.grace_s)
+            journal.append(
+                "attempt-ended",
+                attempt=lost["attempt"],
+                exit_code=None,
+                duration_s=None,
+                failure=Failure(
+                    kind=FailureKind.INTERRUPTED,
+                    message="supervisor was killed",
+                    evidence=(f"orphans killed: {killed}",),
+                ).model_dump(mode="json"),
+                checkpoint_step=self._step(),
+                stragglers=killed,
+            )
+        journal.append("supervisor-restarted", lost_attempt=lost and lost["attempt"], killed=killed)
+
+    def _step(self) -> int | None:
+        ref = find_latest(self.config.checkpoint_dir, self.config.checkpoint_pattern)
+        return ref.step if ref else None
+
+    def _loop(self, journal: Journal) -> RunOutcome:
+        state = replay(journal, self.config.initial_plan)
+        self.planner_calibration(state)
+        while True:
+            if state.attempts >= self.config.max_attempts:
+                return self._end(
+                    journal,
+                    state,
+                    "gave-up",
+                    f"restart budget of {self.config.max_attempts} attempts used",
+                )
+            result = self._with_transient_retries(journal, state)
+            failure = result.failure
+            if failure is None or failure.kind == FailureKind.TEARDOWN:
+                return self._end(journal, state, "succeeded", "training finished", 0)
+            if failure.kind == FailureKind.INTERRUPTED:
+                return self._end(
+                    journal, state, "interrupted", failure.message, 128 + (failure.signal or 15)
+                )
+            if not failure.retryable:
+                return self._end(
+                    journal,
+                    state,
+                    "gave-up",
+                    f"{failure.kind}: not retried ({failure.message[:200]})",
+                )
+            if state.no_progress >= self.config.max_no_progress:
+                return self._end(
+                    journal,
+                    state,
+                    "gave-up",
+                    f"{state.no_progress} attempts in a row without progress",
+                )
+            if failure.kind == FailureKind.TRANSIENT:
+                return self._end(
+                    journal,
+                    state,
+                    "gave-up",
+                    f"transient failures: {self.config.transient_retries} retries used",
+                )
+            if not self._remedy(journal, state, failure):
+                return self._end(journal, state, "gave-up", f"no remedy left for {failure.kind}")
+
+    def planner_calibration(self, state: RunState) -> None:
+        for step in self.planner.steps:
+            if hasattr(step, "calibration_bytes") and state.calibration_bytes:
+                step.calibration_bytes = state.calibration_bytes
+
+    def _remedy(self, journal: Journal, state: RunState, failure: Failure) -> bool:
+        caps = frozenset(BUILTIN_CAPABILITIES | {c for a in self.adapters for c in a.capabilities})
+        ctx = RemedyContext(frozenset(state.tried), caps, self.config.device)
+        remedy = self.planner.decide(failure, state.plan, ctx)
+        if remedy is None:
+            journal.append(
+                "decision",
+                action="give-up",
+                after_attempt=state.attempts,
+                reason=f"no untried remedy for {failure.kind}",
+                tried=sorted(state.tried),
+            )
+            return False
+        changes = {k: list(v) for k, v in remedy.plan.changes_from(state.plan).items()}
+        journal.append(
+            "decision",
+            action="remedy",
+            after_attempt=state.attempts,
+            step=remedy.step,
+            reason=remedy.reason,
+            plan=remedy.plan.model_dump(mode="json"),
+            changes=changes,
+            predicted_peak_bytes=remedy.predicted_peak_bytes,
+            calibration_bytes=remedy.calibration_bytes,
+        )
+        log.info("remedy %s: %s", remedy.step, remedy.reason, extra={"attempt": state.attempts})
+        state.plan = remedy.plan
+        return True
+
+    def _with_transient_retries(self, journal: Journal, state: RunState) -> AttemptResult:
+        left = max(0, self.config.transient_retries - state.transient_in_row)
+        budget = max(1, min(left + 1, self.config.max_attempts - state.attempts))
+
+        def before_sleep(rs: RetryCallState) -> None:
+            delay = rs.upcoming_sleep
+            journal.append(
+                "decision",
+                action="retry",
+                after_attempt=state.attempts,
+                reason=f"transient failure; backoff {delay:.1f} s",
+                plan=state.plan.model_dump(mode="json"),
+            )
+
+        retrying = Retrying(
+            stop=stop_after_attempt(budget),
+            wait=wait_exponential(
+                multiplier=self.config.backoff_initial_s,
+                max=self.config.backoff_max_s,
+                exp_base=2,
+                min=self.config.backoff_initial_s,
+            ),
+            retry=retry_if_result(
+                lambda r: (
+                    r.failure is not None
+                    and r.failure.kind == FailureKind.TRANSIENT
+                    and self._signal is None
+                    and state.no_progress < self.config.max_no_progress
+                )
+            ),
+            sleep=self.sleep,
+            before_sleep=before_sleep,
+            retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
+        )
+        result: AttemptResult = retrying(self._attempt, journal, state)
+        return result
+
+    def _attempt(self, journal: Journal, state: RunState) -> AttemptResult:
+        number = journal.next_attempt()
+        resume = find_latest(
+            self.config.checkpoint_dir, self.config.checkpoint_pattern, state.plan.dp
+        )
+        if state.best_step is None and resume is not None:
+            state.best_step = resume.step
+        spec = build_spec(
+            self.command,
+            state.plan,
+            number=number,
+            run_id=self.config.run_id,
+            run_dir=self.config.run_dir,
+            resume=resume,
+            checkpoint_dir=self.config.checkpoint_dir,
+            adapters=self.adapters,
+        )
+        journal.append(
+            "attempt-started",
+            attempt=number,
+            token=spec.token,
+            argv=spec.argv,
+            plan=state.plan.model_dump(mode="json"),
+            env=spec.env,
+            notes=spec.notes,
+            resume_from=str(resume.path) if resume else None,
+            resume_step=resume.step if resume else None,
+            relaunch_overhead_s=state.since_last_exit(),
+        )
+        if state.last_exit_mono is not None:
+            self.metrics.supervisor_recovery(time.monotonic() - state.last_exit_mono)
+        result = run_attempt(
+            spec,
+            self.command,
+            world_size=state.plan.world_size,
+            grace_s=self.config.grace_s,
+            gpu_timeout_s=self.config.gpu_release_timeout_s,
+            sink=self.sink,
+            stop_signal=lambda: self._signal,
+            on_start=lambda c: setattr(self, "_child", c),
+        )
+        step = self._step()
+        state.record(result, step)
+        journal.append(
+            "attempt-ended",
+            attempt=number,
+            exit_code=result.exit_code,
+            duration_s=round(result.ended - result.started, 3),
+            failure=result.failure.model_dump(mode="json") if result.failure else None,
+            checkpoint_step=step,
+            stragglers=result.stragglers,
+        )
+        self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
+        self._write_metrics()
+        return result
+
+    def _write_metrics(self) -> None:
+        path, write = self.config.metrics_textfile, getattr(self.metrics, "write_textfile", None)
+        if path is not None and write is not None:
+            write(path)
+
+    def _end(
+        self, journal: Journal, state: RunState, outcome: str, reason: str, code: int | None = None
+    ) -> RunOutcome:
+        if code is None:
+            last = state.last_exit_code
+            code = 128 - last if last is not None and last < 0 else (last or 125)
+        journal.append(
+            "run-ended",
+            outcome=outcome,
+            reason=reason,
+            exit_code=code,
+            final_plan=state.plan.model_dump(mode="json"),
+        )
+        return RunOutcome(code, reason, journal)
+
+
+def plan_of(record: dict[str, Any]) -> TrainingPlan:
+    return TrainingPlan.model_validate(record["plan"])
