@@ -13,6 +13,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from dssup.admission.view import ContainerView
@@ -37,11 +38,13 @@ def _is_script(elem: str) -> bool:
     return any(ch in elem for ch in " \n\t;")
 
 
-def _split(elem: str) -> list[str]:
+@lru_cache(maxsize=1024)
+def _split(elem: str) -> tuple[str, ...]:
+    """Shell words of a script (cached: the same launch line arrives again and again)."""
     try:
-        return shlex.split(elem, comments=False)
+        return tuple(shlex.split(elem, comments=False))
     except ValueError:
-        return elem.split()
+        return tuple(elem.split())
 
 
 def _scan(

@@ -91,7 +91,7 @@ class Evaluator:
     def evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
         """Judge ``obj``; raise ``ConfigError`` for a config that contradicts itself."""
         kind = obj.get("kind")
-        if kind not in SUPPORTED:
+        if not isinstance(kind, str) or kind not in SUPPORTED:
             return _allow(
                 "unsupported-kind",
                 f"kind {kind} is not judged",
