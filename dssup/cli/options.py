@@ -162,6 +162,12 @@ def training_options(fn: F) -> F:
                 help="Bytes per state (default: convention's; paper = bf16-lowmom).",
             ),
             click.option(
+                "--dtypes",
+                default=None,
+                help="Per-state dtypes on top of --precision, e.g. "
+                "weights=bf16,grads=fp32,master=fp32,moments=bf16 (master may be none).",
+            ),
+            click.option(
                 "--moe-imbalance",
                 type=float,
                 default=1.0,
@@ -204,6 +210,37 @@ def _split(text: str | None) -> tuple[int, ...] | None:
         ) from exc
 
 
+_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
+_KEYS = {
+    "weights": "weights",
+    "grads": "gradients",
+    "gradients": "gradients",
+    "master": "master",
+    "moments": "moments",
+    "activations": "activations",
+}
+
+
+def _precision(name: str | None, dtypes: str | None) -> Precision | None:
+    """``--precision`` preset, then ``--dtypes key=dtype,...`` on top."""
+    if not dtypes:
+        return Precision.named(name) if name else None
+    base = Precision.named(name or "bf16")
+    update: dict[str, int] = {}
+    for item in dtypes.split(","):
+        key, _, dtype = item.partition("=")
+        key, dtype = key.strip(), dtype.strip().lower()
+        if key not in _KEYS or dtype not in _BYTES or (dtype == "none" and key != "master"):
+            raise ConfigError(
+                "--dtypes",
+                f"cannot read {item!r}",
+                f"use key=dtype with keys {', '.join(sorted(_KEYS))} and dtypes "
+                f"{', '.join(_BYTES)} (none only for master)",
+            )
+        update[_KEYS[key]] = _BYTES[dtype]
+    return base.model_copy(update=update)
+
+
 def build_layout(o: dict[str, Any], dp: int) -> Layout:
     schedule = o["schedule"] or ("interleaved" if o["vpp"] > 1 else "1f1b")
     return Layout(
@@ -230,7 +267,7 @@ def build_training(o: dict[str, Any], grad_accum: int) -> Training:
         zero_stage=o["zero"],
         offload_optimizer=o["offload"] in ("optimizer", "both"),
         offload_params=o["offload"] in ("params", "both"),
-        precision=Precision.named(o["precision"]) if o["precision"] else None,
+        precision=_precision(o.get("precision"), o.get("dtypes")),
         moe_imbalance=o["moe_imbalance"],
     )
 

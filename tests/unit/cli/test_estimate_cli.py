@@ -210,3 +210,20 @@ def test_help_teaches() -> None:
         "Examples:",
     ):
         assert flag in out.stdout, flag
+
+
+def test_dtypes_flag_changes_bytes_per_parameter() -> None:
+    base = ["estimate", "--model", "llama-3-8b", "--json"]
+    ref = json.loads(run(*base).stdout)["stages"][0]
+    out = run(*base, "--dtypes", "weights=fp32,grads=bf16,master=none,moments=bf16")
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)["stages"][0]
+    p = st["params"]["total"]
+    assert (st["bytes"]["weights"], st["bytes"]["gradients"], st["bytes"]["optimizer"]) == (
+        4 * p,
+        2 * p,
+        4 * p,
+    )
+    assert ref["bytes"]["optimizer"] == 12 * p
+    bad = run(*base, "--dtypes", "weights=int3")
+    assert bad.returncode == 2 and "--dtypes: cannot read 'weights=int3'" in bad.stderr
