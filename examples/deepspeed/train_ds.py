@@ -199,17 +199,41 @@ def build(args: argparse.Namespace) -> tuple[Any, TinyNet, dict[str, Any]]:
     torch.manual_seed(MODEL_SEED)
     model = TinyNet(args.d_in, args.width, args.depth)
     model.recompute = recompute_wanted(ds_config)
+    if weights := os.environ.get("DSSUP_FP32_WEIGHTS"):  # dssup's last-resort fallback
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
     return engine, model, ds_config
 
 
+def _load(engine: Any, src: Path) -> Any:
+    """``src`` is a save dir (with ``latest``/``latest_universal``) or one tag directory."""
+    if (src / "latest").is_file() or (src / "latest_universal").is_file():
+        return engine.load_checkpoint(str(src))
+    return engine.load_checkpoint(str(src.parent), tag=src.name)
+
+
 def resume(engine: Any, args: argparse.Namespace) -> None:
-    src = args.resume_from or (Path(p) if (p := os.environ.get("DSSUP_RESUME_FROM")) else None)
+    """Resume from ``--resume-from`` / ``$DSSUP_RESUME_FROM``, or keep the data position of
+    dssup's fp32 fallback (fresh optimizer: weights only, set in ``build``)."""
+    if weights := os.environ.get("DSSUP_FP32_WEIGHTS"):
+        engine.global_steps = int(os.environ.get("DSSUP_RESUME_GLOBAL_STEPS", "0"))
+        engine.global_samples = int(os.environ.get("DSSUP_RESUME_GLOBAL_SAMPLES", "0"))
+        emit(
+            "loaded",
+            path=weights,
+            global_steps=engine.global_steps,
+            global_samples=engine.global_samples,
+            universal=False,
+            fp32_only=True,
+        )
+        return
+    raw = os.environ.get("DSSUP_RESUME_FROM", "")
+    src = args.resume_from or (Path(raw) if raw else None)
     if src is None:
         return
     t0 = time.monotonic()
-    path, _client = engine.load_checkpoint(str(src))
+    path, _client = _load(engine, src)
     if path is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint to resume from in {src}")
     emit(

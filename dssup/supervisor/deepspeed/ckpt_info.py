@@ -26,7 +26,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CheckpointInfo", "read_checkpoint", "read_pickled_tree", "resolve_tag_dir"]
+__all__ = [
+    "CheckpointInfo",
+    "find_latest_complete",
+    "read_checkpoint",
+    "read_pickled_tree",
+    "resolve_tag_dir",
+]
 
 _OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _Z3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -161,3 +167,15 @@ def _missing_files(stage: int, dp: int, mp: int, names: list[str], optim: list[s
         if stage >= 1:
             want += [f"{prefix}zero_pp_rank_{d}_mp_rank_{m:02d}_optim_states.pt" for d in range(dp)]
     return [w for w in want if w not in have]
+
+
+def find_latest_complete(save_dir: Path) -> CheckpointInfo | None:
+    """The tag ``latest`` names when it is complete, else the complete tag with the most
+    steps: a job that died while saving leaves ``latest`` at a partial tag (or, with DeepSpeed
+    writing ``latest`` last, a newer partial tag next to it)."""
+    info = read_checkpoint(save_dir)
+    if info is not None and info.complete:
+        return info
+    tags = [p for p in save_dir.iterdir() if p.is_dir() and any(p.glob("*_model_states.pt"))]
+    found = [i for p in tags if (i := read_checkpoint(p)) is not None and i.complete]
+    return max(found, key=lambda i: (i.global_steps, i.tag), default=None)

@@ -1,0 +1,112 @@
+"""The DeepSpeed JSON: finding it in a command, DeepSpeed's batch rules, the derived plan."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from dssup.errors import ConfigError
+from dssup.supervisor.deepspeed.config import (
+    derive_plan,
+    find_config,
+    load_config_value,
+    resolve_batch,
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "index", "inline"),
+    [
+        (["--deepspeed_config", "ds.json", "--x"], "--deepspeed_config", 0, False),
+        (["--lr", "1", "--deepspeed", "ds.json"], "--deepspeed", 2, False),
+        (["--ds-config=ds.json"], "--ds-config", 0, True),
+        (["--deepspeed-config", "ds.json"], "--deepspeed-config", 0, False),
+        (["--ds_config", "ds.json"], "--ds_config", 0, False),
+    ],
+)
+def test_find_config_spellings(args: list[str], flag: str, index: int, inline: bool) -> None:
+    src = find_config(args)
+    assert src is not None
+    assert (src.flag, src.index, src.inline, src.value) == (flag, index, inline, "ds.json")
+
+
+def test_bare_deepspeed_switch_is_not_a_config() -> None:
+    assert find_config(["--deepspeed", "--deepspeed_config_file_missing"]) is None
+    assert find_config(["--lr", "3"]) is None
+
+
+def test_load_from_file_and_base64(tmp_path: Path) -> None:
+    cfg = {"train_batch_size": 8, "zero_optimization": {"stage": 2}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    assert load_config_value(str(path)) == cfg
+    b64 = base64.urlsafe_b64encode(json.dumps(cfg).encode()).decode()
+    assert load_config_value(b64) == cfg
+
+
+def test_load_rejects_garbage(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="neither a file nor base64"):
+        load_config_value("not/a/file.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config_value(str(bad))
+
+
+@pytest.mark.parametrize(
+    ("tb", "mb", "gas", "dp", "want"),
+    [
+        (32, 4, None, 2, (32, 4, 4)),  # TB and MB: GAS derived
+        (32, None, 4, 2, (32, 4, 4)),  # TB and GAS: MB derived
+        (None, 4, 4, 2, (32, 4, 4)),  # MB and GAS: TB derived
+        (32, None, None, 2, (32, 16, 1)),  # TB only
+        (None, 4, None, 2, (8, 4, 1)),  # MB only
+        (32, 4, 4, 2, (32, 4, 4)),  # all three, consistent
+    ],
+)
+def test_resolve_batch_follows_deepspeed(
+    tb: int | None, mb: int | None, gas: int | None, dp: int, want: tuple[int, int, int]
+) -> None:
+    assert resolve_batch(tb, mb, gas, dp) == want
+
+
+@pytest.mark.parametrize(
+    ("tb", "mb", "gas", "dp"), [(30, 4, 4, 2), (32, 5, None, 2), (None, None, 2, 2)]
+)
+def test_resolve_batch_rejects_what_deepspeed_asserts(
+    tb: int | None, mb: int | None, gas: int | None, dp: int
+) -> None:
+    with pytest.raises(ConfigError):
+        resolve_batch(tb, mb, gas, dp)
+
+
+def test_derive_plan_reads_every_knob() -> None:
+    raw = {
+        "train_batch_size": 64,
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu"},
+            "offload_param": {"device": "nvme", "nvme_path": "/x"},
+        },
+        "activation_checkpointing": {"partition_activations": True},
+        "bf16": {"enabled": True},
+        "checkpoint": {"load_universal": True},
+        "optimizer": {"type": "AdamW"},  # not read, must not disturb
+    }
+    p = derive_plan(raw, dp=4)
+    assert (p.train_batch_size, p.micro_batch, p.grad_accum, p.dp) == (64, 2, 8, 4)
+    assert (p.zero_stage, p.offload_optimizer, p.offload_param) == (3, "cpu", "nvme")
+    assert p.activation_checkpointing and p.bf16 and not p.fp16 and p.load_universal
+
+
+def test_derive_plan_defaults_and_errors() -> None:
+    p = derive_plan({"train_micro_batch_size_per_gpu": 1}, dp=2)
+    assert (p.zero_stage, p.offload_optimizer, p.activation_checkpointing) == (0, "none", False)
+    with pytest.raises(ConfigError, match="auto"):
+        derive_plan({"train_batch_size": "auto"}, dp=2)
+    with pytest.raises(ConfigError, match=r"zero_optimization\.stage"):
+        derive_plan({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, dp=2)
