@@ -8,22 +8,60 @@ import dssup.memory
 
 
 def test_top_level_api() -> None:
-    assert sorted(dssup.__all__) == sorted([
-        "ConfigError", "DssupError", "Estimate", "EstimateError", "JournalError", "LaunchError",
-        "Layout", "MalformedReview", "ModelSpec", "NoFeasiblePlan", "Overheads", "PlanRequest",
-        "PlanResult", "Precision", "RetriesExhausted", "Training", "UnknownPreset", "__version__",
-        "estimate", "plan", "preset",
-    ])
+    assert sorted(dssup.__all__) == sorted(
+        [
+            "ConfigError",
+            "DssupError",
+            "Estimate",
+            "EstimateError",
+            "JournalError",
+            "LaunchError",
+            "Layout",
+            "MalformedReview",
+            "ModelSpec",
+            "NoFeasiblePlan",
+            "Overheads",
+            "PlanRequest",
+            "PlanResult",
+            "Precision",
+            "RetriesExhausted",
+            "Training",
+            "UnknownPreset",
+            "__version__",
+            "estimate",
+            "plan",
+            "preset",
+        ]
+    )
     for name in dssup.__all__:
         assert hasattr(dssup, name), name
 
 
 def test_memory_api() -> None:
-    assert sorted(dssup.memory.__all__) == sorted([
-        "Candidate", "Estimate", "GiB", "Layout", "MLASpec", "MoESpec", "ModelSpec", "Overheads",
-        "ParamCounts", "PlanRequest", "PlanResult", "Precision", "StageBytes", "StageEstimate",
-        "Training", "estimate", "model_from_hf_config", "plan", "preset", "preset_names",
-    ])
+    assert sorted(dssup.memory.__all__) == sorted(
+        [
+            "Candidate",
+            "Estimate",
+            "GiB",
+            "Layout",
+            "MLASpec",
+            "MoESpec",
+            "ModelSpec",
+            "Overheads",
+            "ParamCounts",
+            "PlanRequest",
+            "PlanResult",
+            "Precision",
+            "StageBytes",
+            "StageEstimate",
+            "Training",
+            "estimate",
+            "model_from_hf_config",
+            "plan",
+            "preset",
+            "preset_names",
+        ]
+    )
 
 
 def test_error_tree() -> None:
