@@ -3,7 +3,7 @@
 # Extra arguments go to pytest (e.g. scripts/test.sh -m "not slow" -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DSSUP_EXTRAS="${DSSUP_EXTRAS:-dev,train}" bash scripts/setup.sh
+DSSUP_EXTRAS="${DSSUP_EXTRAS:-dev,train,deepspeed}" bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff check";   ruff check .
 echo "== ruff format";  ruff format --check .
