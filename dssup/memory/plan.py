@@ -171,6 +171,7 @@ class _Search:
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
         offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
+        deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
         for zero in req.zero_stages:
             for off_opt, off_par in offloads:
                 if off_par and zero != 3:
@@ -183,6 +184,17 @@ class _Search:
                     }
                 )
                 rows_st = self._rows(layout, groups, knobs)
+                # Probe the least memory-hungry config (most recompute, smallest micro-batch):
+                # every other one of this (ZeRO, offload) needs at least as much, so if it does
+                # not fit none does, and all are decided exactly without being swept.
+                before = len(self.fitting)
+                args = (rows, gpu_params)
+                self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
+                if len(self.fitting) == before:
+                    self.evaluated += len(req.recompute) * len(micro) - 1
+                    continue
+                del self.fitting[before:]  # the sweeps below evaluate it again
+                self.evaluated -= 1
                 for rc in req.recompute:
                     self._sweep(
                         layout, rows_st, zero, off_opt, off_par, rc, micro, rows, gpu_params
