@@ -54,6 +54,14 @@ class Adapter:
             )
             return 400, json.dumps({"error": str(exc)}).encode()
         decision = self.decide(req, mode)
+        try:
+            out = self._encode(req, decision, mode, start)
+        except Exception:  # never a 5xx: answer a plain allow and log why
+            log.exception("answering failed", extra={"uid": req.uid})
+            out = json.dumps(response_document(req.uid, True)).encode()
+        return 200, out
+
+    def _encode(self, req: AdmissionRequest, decision: Decision, mode: Mode, start: float) -> bytes:
         doc = response_document(
             req.uid,
             decision.allowed,
@@ -64,30 +72,29 @@ class Adapter:
             audit=decision.audit,
         )
         out = json.dumps(doc, separators=(",", ":")).encode()
-        verdict = (
-            ("patched" if decision.patch and mode == "mutate" else "allowed")
-            if decision.allowed
-            else "denied"
-        )
+        patched = decision.allowed and bool(decision.patch) and mode == "mutate"
+        verdict = "denied" if not decision.allowed else "patched" if patched else "allowed"
         self.metrics.admission_request(
             req.kind, verdict, decision.code, time.perf_counter() - start
         )
         if not decision.allowed or decision.code in {"resized", "internal-error"}:
             log.info(
-                "%s %s/%s: %s",
+                "%s %s %s/%s: %s",
                 verdict,
+                req.kind,
                 req.namespace,
                 req.name,
                 decision.message,
                 extra={
                     "uid": req.uid,
                     "namespace": req.namespace,
-                    "name": req.name,
+                    "object_name": req.name,
                     "kind": req.kind,
                     "operation": req.operation,
                     "decision": verdict,
                     "code": decision.code,
                     "dry_run": req.dry_run,
+                    "mode": mode,
                 },
             )
-        return 200, out
+        return out

@@ -1,0 +1,212 @@
+"""``dssup webhook serve``: the admission webhook (HTTPS) plus health and metrics (HTTP).
+
+Cluster knowledge comes from list+watch caches of Nodes, ConfigMaps and training runtimes
+(in-cluster config, else kubeconfig), or from ``--cluster-file`` (a YAML snapshot; for demos and
+for running without an API server). SIGTERM drains: not ready first, then stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from dssup.admission.adapter import Adapter
+from dssup.admission.cache import InMemoryCache
+from dssup.admission.offline import load_documents
+from dssup.admission.policy import Policy
+from dssup.admission.server import ServeOptions, WebhookServer
+from dssup.admission.settings import PolicySettings
+from dssup.cli.admit import policy_options, policy_settings
+from dssup.cli.app import main
+from dssup.errors import ConfigError
+from dssup.memory.gpus import parse_size
+from dssup.obs.metrics import PrometheusMetrics
+
+__all__ = ["webhook"]
+
+log = logging.getLogger("dssup.cli.webhook")
+
+
+@main.group("webhook")
+def webhook() -> None:
+    """Kubernetes admission webhook that resizes or rejects jobs by predicted GPU memory."""
+
+
+def _settings(o: dict[str, Any], config: str | None, ctx: click.Context) -> PolicySettings:
+    flags = policy_settings(o)
+    if not config:
+        return flags
+    try:
+        data = yaml.safe_load(Path(config).read_text()) or {}
+        base = PolicySettings(**data)
+    except (OSError, yaml.YAMLError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            "--config",
+            f"cannot use {config}: {exc}".splitlines()[0],
+            "give a YAML mapping of policy settings (see docs/admission.md)",
+        ) from None
+    names = {
+        "reserve": "reserve_bytes",
+        "plan_margin": "plan_margin",
+        "default_gpu": "default_gpu_product",
+        "no_recompute_resize": "allow_recompute",
+        "no_zero_resize": "allow_zero",
+        "allow_offload": "allow_offload",
+    }
+    given = {
+        names[k]: getattr(flags, names[k])
+        for k in names
+        if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE
+    }
+    return base.model_copy(update=given)
+
+
+def _cache(
+    cluster_file: str | None, kubeconfig: str | None, selector: str
+) -> tuple[InMemoryCache, Any]:
+    if cluster_file:
+        store = InMemoryCache()
+        for doc in load_documents([Path(cluster_file).read_text()]):
+            store.upsert(doc)
+        return store, None
+    from kubernetes import config as kconfig
+    from kubernetes.client import ApiClient
+
+    from dssup.admission.kube_cache import KubeWatchCache
+
+    try:
+        if kubeconfig:
+            kconfig.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        else:
+            kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+    except (kconfig.ConfigException, OSError) as exc:
+        raise ConfigError(
+            "--kubeconfig",
+            f"no Kubernetes credentials: {exc}",
+            "run in a pod, pass --kubeconfig, or use --cluster-file",
+        ) from None
+    store = InMemoryCache(synced=False)
+    watcher = KubeWatchCache(store, ApiClient(), config_map_selector=selector)
+    watcher.start()
+    return store, watcher
+
+
+async def _serve(server: WebhookServer) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_stop)
+    await server.run()
+
+
+@webhook.command("serve")
+@click.option(
+    "--cert-file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="PEM certificate chain; reloaded in place when the file changes.",
+)
+@click.option(
+    "--key-file", required=True, type=click.Path(exists=True, dir_okay=False), help="PEM key."
+)
+@click.option("--host", default="0.0.0.0", show_default=True, help="Listen address.")  # noqa: S104
+@click.option(
+    "--port",
+    type=int,
+    default=9443,
+    show_default=True,
+    help="HTTPS port (/mutate /validate /warn).",
+)
+@click.option(
+    "--health-port",
+    type=int,
+    default=8081,
+    show_default=True,
+    help="Plain HTTP port (/healthz /readyz /metrics).",
+)
+@click.option(
+    "--max-body", default="8MiB", show_default=True, help="Largest request body (413 past it)."
+)
+@click.option(
+    "--drain",
+    type=float,
+    default=3.0,
+    show_default=True,
+    help="Seconds not-ready before stopping on SIGTERM.",
+)
+@click.option(
+    "--config",
+    "config",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="YAML of policy settings (flags given on the command line win).",
+)
+@click.option(
+    "--cluster-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Serve from a YAML snapshot of Nodes/ConfigMaps/runtimes instead of watching the API.",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Kubeconfig (default: in-cluster service account).",
+)
+@click.option(
+    "--configmap-selector",
+    default="dssup.io/watch=true",
+    show_default=True,
+    help="Label selector of the ConfigMaps to cache (model configs, DeepSpeed JSON).",
+)
+@policy_options
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    /,
+    cert_file: str,
+    key_file: str,
+    host: str,
+    port: int,
+    health_port: int,
+    max_body: str,
+    drain: float,
+    config: str | None,
+    cluster_file: str | None,
+    kubeconfig: str | None,
+    configmap_selector: str,
+    **o: Any,
+) -> None:
+    """Serve the admission webhook until SIGTERM."""
+    import uvloop
+
+    settings = _settings(o, config, ctx)
+    opts = ServeOptions(
+        cert_file=cert_file,
+        key_file=key_file,
+        host=host,
+        port=port,
+        health_port=health_port,
+        max_body_bytes=parse_size(max_body, "--max-body"),
+        drain_s=drain,
+    )
+    store, watcher = _cache(cluster_file, kubeconfig, configmap_selector)
+    metrics = PrometheusMetrics()
+    server = WebhookServer(opts, Adapter(Policy(store, settings), metrics), store, metrics)
+    log.info(
+        "serving https on %s:%d, health on %d",
+        host,
+        port,
+        health_port,
+        extra={"reserve_bytes": settings.reserve_bytes},
+    )
+    try:
+        uvloop.run(_serve(server))
+    finally:
+        if watcher is not None:
+            watcher.stop()

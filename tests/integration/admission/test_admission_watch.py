@@ -1,0 +1,223 @@
+"""The watch caches and ``dssup webhook serve`` as a real process.
+
+No kube-apiserver can run here; ``FakeApiserver`` serves just the list and watch endpoints the
+caches use (JSON lists with a resourceVersion, newline-delimited watch events, 404 for CRDs that
+are not installed), so the real ``kubernetes`` client code path is exercised end to end.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from admission_helpers import FIXTURES, ApiserverClient, load, make_ca, make_leaf
+from kubernetes import client
+
+from dssup.admission.cache import InMemoryCache
+from dssup.admission.kube_cache import KubeWatchCache
+
+pytestmark = pytest.mark.integration
+
+
+def _node(name, product, mib, rv):
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": rv,
+            "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": str(mib)},
+        }
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def log_message(self, *args):  # keep test output clean
+        return
+
+    def _send(self, status, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        url = urlparse(self.path)
+        q = parse_qs(url.query)
+        self.seen.append(self.path)
+        watching = q.get("watch") == ["true"]
+        if url.path.startswith("/apis/trainer.kubeflow.org/"):
+            return self._send(
+                404,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "NotFound",
+                    "code": 404,
+                    "message": "not found",
+                },
+            )
+        if url.path == "/api/v1/nodes" and not watching:
+            return self._send(
+                200,
+                {
+                    "kind": "NodeList",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": "10"},
+                    "items": [_node("h800-1", "NVIDIA-H800", 81559, "9")],
+                },
+            )
+        if url.path == "/api/v1/configmaps" and not watching:
+            return self._send(
+                200,
+                {
+                    "kind": "ConfigMapList",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": "20"},
+                    "items": [
+                        {
+                            "metadata": {
+                                "name": "m",
+                                "namespace": "team-a",
+                                "resourceVersion": "19",
+                            },
+                            "data": {"config.json": "{}"},
+                        }
+                    ],
+                },
+            )
+        events = []
+        if url.path == "/api/v1/nodes" and q.get("resourceVersion") == ["10"]:
+            events = [
+                {
+                    "type": "ADDED",
+                    "object": {"kind": "Node", **_node("h200-1", "NVIDIA-H200", 143771, "11")},
+                },
+                {
+                    "type": "DELETED",
+                    "object": {"kind": "Node", **_node("h800-1", "NVIDIA-H800", 81559, "12")},
+                },
+            ]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for e in events:
+            self.wfile.write(json.dumps(e).encode() + b"\n")
+            self.wfile.flush()
+        time.sleep(0.3)
+        self.close_connection = True
+
+
+@pytest.fixture
+def fake_apiserver():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_list_then_watch_feeds_the_cache(fake_apiserver):
+    cfg = client.Configuration(host=f"http://127.0.0.1:{fake_apiserver.server_address[1]}")
+    store = InMemoryCache(synced=False)
+    watcher = KubeWatchCache(store, client.ApiClient(cfg), watch_timeout_s=1)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+            store.synced()
+            and store.gpu_product("NVIDIA-H200")
+            and store.gpu_product("NVIDIA-H800") is None
+        ):
+            time.sleep(0.05)
+        assert store.synced() and watcher.synced()
+        assert store.gpu_product("NVIDIA-H200").memory_mib == 143771
+        assert store.gpu_product("NVIDIA-H800") is None  # deleted by the watch
+        assert store.config_map("team-a", "m") == {"config.json": "{}"}
+        assert any("labelSelector=nvidia.com/gpu.product" in p for p in _Handler.seen), (
+            _Handler.seen
+        )
+        assert any("labelSelector=dssup.io/watch%3Dtrue" in p for p in _Handler.seen)
+    finally:
+        watcher.stop()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_webhook_serve_process(tmp_path):
+    ca = make_ca()
+    crt, key = make_leaf(ca, tmp_path)
+    port, health = _free_port(), _free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "dssup")
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--log-format",
+            "json",
+            "webhook",
+            "serve",
+            "--cert-file",
+            str(crt),
+            "--key-file",
+            str(key),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--health-port",
+            str(health),
+            "--drain",
+            "0.2",
+            "--cluster-file",
+            str(FIXTURES / "cluster.yaml"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        c = ApiserverClient(port, ca.pem())
+        out = c.admit(load("pytorchjob-dsv3-resize.yaml"))
+        c.close()
+        assert out.allowed and out.patches == 1
+        c = ApiserverClient(port, ca.pem())
+        denied = c.admit(load("job-deepspeed.yaml"))
+        c.close()
+        assert not denied.allowed
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert any(r["msg"].startswith("serving https") for r in lines)
+    denial = next(r for r in lines if r.get("decision") == "denied")
+    assert denial["code"] == "no-feasible-plan" and denial["kind"] == "Job" and denial["uid"]
