@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -39,7 +40,7 @@ def _node(name, product, mib, rv):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []
 
     def log_message(self, *args):  # keep test output clean
         return
