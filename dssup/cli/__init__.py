@@ -14,7 +14,17 @@ from dssup.cli.app import main
 __all__ = ["main"]
 
 # Sub-command modules; each adds itself to ``main`` on import.
-for _name in ("estimate", "plan", "demo", "run", "status", "webhook", "admit", "measure"):
+for _name in (
+    "estimate",
+    "plan",
+    "demo",
+    "run",
+    "status",
+    "webhook",
+    "admit",
+    "measure",
+    "elastic",
+):
     try:
         importlib.import_module(f"dssup.cli.{_name}")
     except ModuleNotFoundError as exc:  # a command whose module is not written yet
