@@ -27,7 +27,7 @@ from dssup.supervisor import (
     TrainingPlan,
     parse_command,
 )
-from dssup.supervisor.adapters import PlanAdapter, load_adapters
+from dssup.supervisor.adapters import PlanAdapter, adapter_applies, load_adapters
 from dssup.supervisor.contract import read_plan_flags
 from dssup.supervisor.story import story, summarize
 
@@ -140,6 +140,8 @@ def build_supervisor(command: list[str], o: dict[str, Any], sink: Any = None) ->
         raise ConfigError("--resume", f"{run_dir} belongs to another command", "use --run-dir")
     cmd = parse_command(command)
     adapters = load_adapters() if o.get("adapters", True) else []
+    base = initial_plan(cmd, o, [])
+    adapters = [a for a in adapters if adapter_applies(a, cmd, base)]
     plan = initial_plan(cmd, o, adapters)
     ckpt = o.get("checkpoint_dir")
     for adapter in adapters if ckpt is None else []:

@@ -9,6 +9,6 @@ worker cleanly so that torchrun does not report a teardown abort as a failure.
 """
 
 from dssup.runtime.plan import RuntimePlan, read_plan
-from dssup.runtime.process import clean_exit, memory_cap
+from dssup.runtime.process import clean_exit, mark_done, memory_cap
 
-__all__ = ["RuntimePlan", "clean_exit", "memory_cap", "read_plan"]
+__all__ = ["RuntimePlan", "clean_exit", "mark_done", "memory_cap", "read_plan"]

@@ -17,7 +17,7 @@ import resource
 import sys
 from typing import Any
 
-__all__ = ["clean_exit", "memory_cap", "vm_size_bytes"]
+__all__ = ["clean_exit", "mark_done", "memory_cap", "vm_size_bytes"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -48,18 +48,25 @@ def memory_cap(budget_bytes: int) -> int:
     return limit
 
 
+def mark_done() -> None:
+    """Under ``dssup run``: record in the attempt directory that this rank finished training."""
+    attempt_dir = os.environ.get("DSSUP_ATTEMPT_DIR")
+    if not attempt_dir:
+        return
+    done = os.path.join(attempt_dir, "done")
+    os.makedirs(done, exist_ok=True)
+    with open(os.path.join(done, f"rank-{os.environ.get('RANK', '0')}"), "w") as fh:
+        fh.write("done\n")
+
+
 def clean_exit(dist: Any | None = None, code: int = 0) -> None:
     """Barrier, destroy the process group, flush, ``os._exit``: no teardown abort after success.
 
     Under ``dssup run`` it first leaves a "done" marker for this rank in the attempt directory,
     so that an abort later in teardown is recognised as such, not as a training failure.
     """
-    attempt_dir = os.environ.get("DSSUP_ATTEMPT_DIR")
-    if attempt_dir and code == 0:
-        done = os.path.join(attempt_dir, "done")
-        os.makedirs(done, exist_ok=True)
-        with open(os.path.join(done, f"rank-{os.environ.get('RANK', '0')}"), "w") as fh:
-            fh.write("done\n")
+    if code == 0:
+        mark_done()
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

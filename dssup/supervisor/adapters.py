@@ -11,7 +11,10 @@ knows, through one small protocol:
   the built-in ones in the order given;
 * ``apply``: rewrite the command and environment for an attempt (write a new DeepSpeed JSON
   under the attempt directory, point the command at it);
-* ``checkpoint_dirs``: where this framework saves checkpoints, found in the command.
+* ``checkpoint_dirs``: where this framework saves checkpoints, found in the command;
+* ``applies`` (optional): whether the command is a job of this framework at all. Adapters
+  that do not apply take no part in the run (no rungs, no capabilities). Without the method,
+  an adapter applies when its ``initial_plan`` finds something in the command.
 
 ``load_adapters`` finds the DeepSpeed adapter by importing ``dssup.supervisor.deepspeed`` and
 calling its ``adapter()`` factory when that exists, so this package never depends on it.
@@ -29,7 +32,14 @@ from typing import Protocol, runtime_checkable
 from dssup.supervisor.command import TorchrunCommand
 from dssup.supervisor.models import Failure, Remedy, TrainingPlan
 
-__all__ = ["AppliedPlan", "PlanAdapter", "RemedyContext", "RemedyStep", "load_adapters"]
+__all__ = [
+    "AppliedPlan",
+    "PlanAdapter",
+    "RemedyContext",
+    "RemedyStep",
+    "adapter_applies",
+    "load_adapters",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +96,14 @@ class PlanAdapter(Protocol):
     ) -> AppliedPlan: ...
 
     def checkpoint_dirs(self, command: TorchrunCommand) -> list[Path]: ...
+
+
+def adapter_applies(adapter: PlanAdapter, command: TorchrunCommand, plan: TrainingPlan) -> bool:
+    """``adapter.applies(command)`` when defined, else: its ``initial_plan`` changes the plan."""
+    check = getattr(adapter, "applies", None)
+    if callable(check):
+        return bool(check(command))
+    return adapter.initial_plan(command, plan) != plan
 
 
 def load_adapters(names: Sequence[str] = ("dssup.supervisor.deepspeed",)) -> list[PlanAdapter]:

@@ -51,6 +51,7 @@ class AttemptResult:
     ended: float
     exited_mono: float  # monotonic time torchrun's exit was seen
     stragglers: list[int]
+    oom_kills: int = 0
 
 
 def _launcher_extras(cmd: TorchrunCommand, attempt_dir: Path) -> list[str]:
@@ -130,12 +131,13 @@ def run_attempt(
     pids = processes_with_token(spec.token)
     stragglers = terminate_token(spec.token, grace_s) if pids else []
     wait_gpu_released(pids, gpu_timeout_s)
+    oom_kills = oom_kill_count() - oom_before
     evidence = collect(
         spec.dir,
         code,
         child.console_tail(),
         log_dir=Path(user_log) if (user_log := cmd.option("log-dir")) else None,
-        oom_kills=oom_kill_count() - oom_before,
+        oom_kills=oom_kills,
         world_size=world_size,
     )
     failure = classify(evidence)
@@ -147,4 +149,4 @@ def run_attempt(
             message=f"dssup received {signal.Signals(forwarded).name}",
             evidence=(f"forwarded {signal.Signals(forwarded).name} to torchrun",),
         )
-    return AttemptResult(code, failure, started, time.time(), exited, stragglers)
+    return AttemptResult(code, failure, started, time.time(), exited, stragglers, oom_kills)

@@ -98,7 +98,8 @@ def classify_rank(ev: RankEvidence, oom_kills: int = 0) -> RankFailure:
     if ev.exit_code == -_signal.SIGTERM:
         return RankFailure(kind=K.COMM, cascade=True, signature="stopped-by-agent", **common)
     if ev.exit_code == -_signal.SIGABRT and "without an active exception" in ev.stderr_tail:
-        return RankFailure(kind=K.TEARDOWN, signature="teardown-abort", **common)
+        # the exit flake: a teardown only if every rank reported completion (see classify)
+        return RankFailure(kind=K.TRANSIENT, signature="abort-without-exception", **common)
     return RankFailure(
         kind=K.TRANSIENT, signature=_signal_name(ev.exit_code) or "unknown", **common
     )

@@ -277,6 +277,7 @@ class Supervisor:
             failure=result.failure.model_dump(mode="json") if result.failure else None,
             checkpoint_step=step,
             stragglers=result.stragglers,
+            oom_kills=result.oom_kills,
         )
         self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
         self._write_metrics()

@@ -1,0 +1,63 @@
+"""Latest complete checkpoint per format; partial ones are never chosen."""
+
+from dssup.supervisor.checkpoints import find_latest
+
+
+def _dcp(root, step, complete=True):
+    d = root / f"step_{step:08d}"
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"x")
+    if complete:
+        (d / ".metadata").write_bytes(b"m")
+    return d
+
+
+def test_dcp_skips_the_partial_newest(tmp_path):
+    _dcp(tmp_path, 2)
+    good = _dcp(tmp_path, 4)
+    _dcp(tmp_path, 6, complete=False)
+    ref = find_latest(tmp_path)
+    assert (ref.path, ref.step, ref.format) == (good, 4, "dcp")
+
+
+def test_hf_checkpoint_needs_trainer_state_and_weights(tmp_path):
+    for n, files in (
+        (100, ["trainer_state.json", "model.safetensors"]),
+        (200, ["model.safetensors"]),
+        (300, ["trainer_state.json"]),
+    ):
+        d = tmp_path / f"checkpoint-{n}"
+        d.mkdir()
+        for f in files:
+            (d / f).write_text("{}")
+    ref = find_latest(tmp_path)
+    assert (ref.step, ref.format) == (100, "hf")
+
+
+def _ds_tag(root, tag, shards, stage3=False):
+    d = root / tag
+    d.mkdir()
+    model = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage3 else "mp_rank_00_model_states.pt"
+    (d / model).write_bytes(b"m")
+    for r in shards:
+        (d / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"o")
+
+
+def test_deepspeed_latest_needs_every_rank_shard(tmp_path):
+    _ds_tag(tmp_path, "global_step10", [0, 1])
+    _ds_tag(tmp_path, "global_step20", [0])  # rank 1's shard missing: partial
+    (tmp_path / "latest").write_text("global_step20")
+    ref = find_latest(tmp_path, dp=2)
+    assert (ref.path.name, ref.step, ref.format) == ("global_step10", 10, "deepspeed")
+    (tmp_path / "global_step20" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(
+        b"o"
+    )
+    assert find_latest(tmp_path, dp=2).step == 20
+
+
+def test_user_pattern_and_empty(tmp_path):
+    (tmp_path / "ckpt_5.pt").write_bytes(b"x")
+    (tmp_path / "ckpt_9.pt").write_bytes(b"")
+    assert find_latest(tmp_path, pattern="ckpt_*.pt").step == 5
+    assert find_latest(tmp_path / "nope") is None
+    assert find_latest(None) is None
