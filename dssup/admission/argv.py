@@ -35,7 +35,7 @@ class Hit:
 
 
 def _is_script(elem: str) -> bool:
-    return any(ch in elem for ch in " \n\t;")
+    return " " in elem or "\n" in elem or "\t" in elem or ";" in elem
 
 
 @lru_cache(maxsize=1024)
@@ -75,15 +75,23 @@ def _number(text: str) -> bool:
 
 def find(c: ContainerView, names: frozenset[str]) -> list[Hit]:
     """Every occurrence of any flag in ``names`` in the container's command then args."""
+    return list(_find(c.command, c.args, names))
+
+
+@lru_cache(maxsize=4096)
+def _find(
+    command: tuple[str, ...], args: tuple[str, ...], names: frozenset[str]
+) -> tuple[Hit, ...]:
+    """Cached: replicated pod templates and resubmitted jobs repeat the same launch line."""
     hits: list[Hit] = []
-    for fname, items in (("command", c.command), ("args", c.args)):
+    for fname, items in (("command", command), ("args", args)):
         for key, val, i, form in _scan(items, names):
             hits.append(Hit(key, val, fname, i, form))
         for i, elem in enumerate(items):
             if _is_script(elem) and any(n in elem for n in names):
                 for key, val, _, _ in _scan(_split(elem), names):
                     hits.append(Hit(key, val, fname, i, "script"))
-    return hits
+    return tuple(hits)
 
 
 def list_ops(

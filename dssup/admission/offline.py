@@ -113,5 +113,5 @@ def admit(
         raise ConfigError(
             "-f", "no PyTorchJob, TrainJob, JobSet, Job or Pod found", "pass a job manifest"
         )
-    policy = Policy(cache, settings)
+    policy = Policy(cache, settings, explain=True)
     return [_judge(policy, job, namespace, mutate) for job in jobs]

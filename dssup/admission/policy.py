@@ -26,6 +26,7 @@ from dssup.admission.resize import Resize, find_resize
 from dssup.admission.settings import PolicySettings
 from dssup.admission.wire import AdmissionRequest
 from dssup.errors import ConfigError
+from dssup.memory import Estimate, Layout, Training
 
 __all__ = ["Mode", "Policy"]
 
@@ -56,9 +57,19 @@ def _capacity(ev: Evaluation) -> str:
 class Policy:
     """Decides AdmissionRequests; one instance per process (it owns the estimate cache)."""
 
-    def __init__(self, cache: ClusterCache, settings: PolicySettings | None = None) -> None:
+    def __init__(
+        self, cache: ClusterCache, settings: PolicySettings | None = None, *, explain: bool = False
+    ) -> None:
         self.settings = settings or PolicySettings()
         self.evaluator = Evaluator(cache, self.settings)
+        self.explain = explain  # attach the per-stage breakdown (dssup admit); off on the hot path
+
+    def _breakdown(
+        self, est: Estimate, layout: Layout, training: Training, ev: Evaluation
+    ) -> dict[str, Any] | None:
+        if not self.explain:
+            return None
+        return breakdown(est, layout, training, ev.gpu, ev.cfg.global_batch)
 
     def review(self, req: AdmissionRequest, mode: Mode) -> Decision:
         if req.operation not in ("CREATE", "UPDATE") or (
@@ -114,7 +125,7 @@ class Policy:
             f"dssup: peak {gib(ev.est.peak_bytes)} GiB/GPU fits {ev.gpu.product} "
             f"({gib(ev.gpu.usable_bytes)} GiB usable)"
         )
-        bd = breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev.gpu, ev.cfg.global_batch)
+        bd = self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev)
         audit = {"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"}
         if mode == "mutate":
             ops = annotation_ops(obj, {ann.ESTIMATE: _estimate_note(ev, True)})
@@ -146,7 +157,7 @@ class Policy:
             f"{describe(ev.cfg.layout, ev.cfg.training)}"
         )
         code = "predicted-oom" if resize.candidate is not None else "no-feasible-plan"
-        bd = breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev.gpu, ev.cfg.global_batch)
+        bd = self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev)
         if mode == "mutate":
             return Decision(
                 allowed=True, code=code, message=f"{head}; {resize.advice}", breakdown=bd
@@ -173,7 +184,7 @@ class Policy:
             f"({gib(resize.peak_bytes)}/{gib(ev.gpu.usable_bytes)} GiB)"
         )
         audit = {"estimate-gib": str(gib(resize.peak_bytes)), "decision": "resized"}
-        bd = breakdown(resize.estimate, new.layout, new.training, ev.gpu, ev.cfg.global_batch)
+        bd = self._breakdown(resize.estimate, new.layout, new.training, ev)
         return Decision(
             allowed=True,
             code="resized",

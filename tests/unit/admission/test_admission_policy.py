@@ -242,7 +242,9 @@ def test_unknown_gpu_allows_and_default_gpu_applies():
 
 
 def test_gpu_table_is_used_without_node_labels():
-    d = Policy(InMemoryCache()).judge(load("jobset-llama70b.yaml"), "team-a", "validate")
+    d = Policy(InMemoryCache(), explain=True).judge(
+        load("jobset-llama70b.yaml"), "team-a", "validate"
+    )
     assert d.code == "fits" and d.breakdown["gpu"]["source"] == "table"
 
 
@@ -260,3 +262,14 @@ def test_invalid_config_is_denied_only_when_enforcing(policy):
 
 def test_escape_json_pointer():
     assert escape("dssup.io/model") == "dssup.io~1model" and escape("a~b") == "a~0b"
+
+
+def test_breakdown_only_when_explaining():
+    obj = load("pytorchjob-dsv3-fits.yaml")
+    assert Policy(cluster_cache()).judge(obj, "team-a", "validate").breakdown is None
+    bd = Policy(cluster_cache(), explain=True).judge(obj, "team-a", "validate").breakdown
+    assert (
+        len(bd["stages"]) == 16
+        and bd["config"]["pp"] == 16
+        and bd["gpu"]["source"] == "node-labels"
+    )

@@ -1,0 +1,207 @@
+"""Webhook latency and throughput over TLS with keep-alive, on 127.0.0.1 only, bounded in time.
+
+Starts ``dssup webhook serve`` (one process, uvloop + httptools) with a throw-away CA and
+certificate, then drives it from this process with an asyncio/uvloop HTTP/1.1 client that
+verifies the certificate the way kube-apiserver does (SAN ``dssup-webhook.dssup-system.svc``,
+CA-only trust), reuses connections and checks every answer (HTTP 200, same uid).
+
+Scenarios (issue 5, G2/G3): paced 200 / 400 / 600 req/s over 4 connections (targets p50 <= 1 ms,
+p99 <= 5 ms; p99.9 and max reported) and saturation with 16 connections (target >= 1,000
+reviews/s, p99 <= 25 ms, no errors). Note the load generator shares the CPU with the server.
+Run: .venv/bin/python bench/admission_tls.py [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures" / "admission"))
+from admission_helpers import FIXTURES, SAN, client_context, load, make_ca, make_leaf, review
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _request(path: str, uid: str, obj: dict) -> bytes:
+    body = json.dumps(review(obj, uid=uid)).encode()
+    head = (
+        f"POST {path}?timeout=2s HTTP/1.1\r\nHost: {SAN}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: bytes, uid: bytes
+) -> None:
+    writer.write(req)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1]
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    body = await reader.readexactly(length)
+    if status != b"200" or uid not in body:
+        raise RuntimeError(f"bad answer {status!r}")
+
+
+async def _conn(
+    port: int, ctx, reqs, rate: float | None, until: float, lat: list, errors: list
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname=SAN)
+    interval = 1.0 / rate if rate else 0.0
+    nxt = time.perf_counter()
+    i = 0
+    while time.perf_counter() < until:
+        if interval:
+            delay = nxt - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            nxt += interval
+        req, uid = reqs[i % len(reqs)]
+        i += 1
+        t0 = time.perf_counter()
+        try:
+            await _exchange(reader, writer, req, uid)
+        except Exception as exc:
+            errors.append(repr(exc))
+            break
+        lat.append(time.perf_counter() - t0)
+    writer.close()
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
+
+
+async def _scenario(port: int, ctx, reqs, conns: int, rate: float | None, seconds: float) -> dict:
+    lat: list[float] = []
+    errors: list[str] = []
+    start = time.perf_counter()
+    until = start + seconds
+    per_conn = rate / conns if rate else None
+    await asyncio.gather(
+        *(_conn(port, ctx, reqs, per_conn, until, lat, errors) for _ in range(conns))
+    )
+    wall = time.perf_counter() - start
+    return {
+        "n": len(lat),
+        "rps": len(lat) / wall,
+        "p50": _pct(lat, 0.5),
+        "p99": _pct(lat, 0.99),
+        "p999": _pct(lat, 0.999),
+        "max": max(lat) * 1e3 if lat else float("nan"),
+        "errors": len(errors),
+    }
+
+
+def _cpu_s(pid: int) -> float:
+    """User+system CPU seconds of the server process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _print(label: str, r: dict) -> None:
+    print(
+        f"{label:<34} n={r['n']:>6} {r['rps']:>7.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
+        f"p99.9 {r['p999']:6.2f} ms  max {r['max']:7.2f} ms  errors {r['errors']}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=5.0, help="duration of each scenario")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="dssup-bench-"))
+    ca = make_ca()
+    crt, key = make_leaf(ca, tmp)
+    port, health = _free_port(), _free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "dssup")
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--log-level",
+            "WARNING",
+            "webhook",
+            "serve",
+            "--cert-file",
+            str(crt),
+            "--key-file",
+            str(key),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--health-port",
+            str(health),
+            "--drain",
+            "0",
+            "--cluster-file",
+            str(FIXTURES / "cluster.yaml"),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        ctx = client_context(ca.pem())
+        dsv3, big = load("pytorchjob-dsv3-fits.yaml"), load("pytorchjob-dsv3-resize.yaml")
+        reqs = []
+        for i in range(64):  # validate on the fitting DeepSeek-V3 job, 1 in 8 a mutate that resizes
+            path, obj = ("/mutate", big) if i % 8 == 7 else ("/validate", dsv3)
+            uid = f"bench-{i:04d}"
+            reqs.append((_request(path, uid, obj), uid.encode()))
+        print(
+            f"server: dssup webhook serve (1 process), 127.0.0.1:{port}; {os.cpu_count()} CPUs shared "
+            f"with this load generator; {args.seconds:.0f} s per scenario"
+        )
+        uvloop.run(_scenario(port, ctx, reqs, 4, 100, 2.0))  # warm-up
+        for rate in (200, 400, 600):
+            _print(
+                f"paced {rate} req/s, 4 conns",
+                uvloop.run(_scenario(port, ctx, reqs, 4, rate, args.seconds)),
+            )
+        cpu0 = _cpu_s(proc.pid)
+        sat = uvloop.run(_scenario(port, ctx, reqs, 16, None, args.seconds))
+        cpu = _cpu_s(proc.pid) - cpu0
+        _print("saturation, 16 conns", sat)
+        per = cpu / max(1, sat["n"]) * 1e3
+        print(
+            f"server CPU per review {per:.2f} ms -> capacity of one worker with a whole core: "
+            f"{1000 / per:.0f} reviews/s (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        )
+        print(
+            "G3 (>= 1000 req/s, p99 <= 25 ms, 0 errors):",
+            "MET" if sat["rps"] >= 1000 and sat["p99"] <= 25 and sat["errors"] == 0 else "MISSED",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
