@@ -69,16 +69,18 @@ def main() -> None:
     _report("warm validate, DeepSeek-V3 deny + advice", _loop(adapter, "validate", resize, 5000))
     _report("warm mutate, DeepSeek-V3 resize patch", _loop(adapter, "mutate", resize, 5000))
     cold = []
+    c0 = time.thread_time()
     for _ in range(60):
         a = Adapter(Policy(cache))
         cold += _loop(a, "validate", fits, 1)
-    CPU.pop("last", None)
+    CPU["last"] = (time.thread_time() - c0) / 60  # includes building the policy
     _report("cold validate (memory model runs), fits", cold)
     cold = []
+    c0 = time.thread_time()
     for _ in range(30):
         a = Adapter(Policy(cache))
         cold += _loop(a, "mutate", resize, 1)
-    CPU.pop("last", None)
+    CPU["last"] = (time.thread_time() - c0) / 30
     _report("cold mutate (estimate + plan + verify)", cold)
     print(
         f"G1 target p99 <= 200 us (warm validate): {'MET' if p99 <= 200 else 'MISSED'} ({p99:.1f} us);"
