@@ -218,3 +218,32 @@ def test_tls_failures_are_rejected_like_kube_apiserver(tmp_path, case):
         good.close()
     finally:
         bg.stop()
+
+
+def _jobset_too_big():
+    obj = load("jobset-llama70b.yaml")
+    args = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]["args"]
+    args[args.index("--micro-batch-size") + 1] = "16"
+    args[args.index("--global-batch-size") + 1] = "256"
+    return obj
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: load("pytorchjob-dsv3-resize.yaml"),
+        lambda: load("trainjob-qwen2-hf.yaml"),
+        _jobset_too_big,
+        lambda: load("job-annotations.yaml"),
+        lambda: load("pod-shell.yaml"),
+    ],
+    ids=["PyTorchJob", "TrainJob", "JobSet", "Job", "Pod"],
+)
+def test_every_kind_is_denied_without_mutation_and_resized_with_it(client, make):
+    denied = client.admit(make(), mutate_path=None)
+    assert not denied.allowed and denied.code == 403 and "predicted peak" in denied.message
+    resized = client.admit(make())
+    assert resized.allowed and resized.patches == 1
+    assert "dssup.io/resized-to" in resized.obj["metadata"]["annotations"]
