@@ -28,7 +28,13 @@ __all__ = ["plan_cmd"]
 
 @main.command("plan")
 @model_options
-@click.option("--gpus", "--world-size", "world_size", type=int, required=True, help="Total GPUs.")
+@click.option("--gpus", "--world-size", "world_size", type=int, default=None, help="Total GPUs.")
+@click.option(
+    "--nnodes",
+    default=None,
+    help="Node range MIN:MAX instead of --gpus: print the elastic table (see plan-elastic).",
+)
+@click.option("--nproc-per-node", type=int, default=1, show_default=True, help="With --nnodes.")
 @click.option(
     "--global-batch-size",
     type=int,
@@ -78,6 +84,11 @@ def plan_cmd(
           --tp 2 --pp 16 --ep 8
     Exit status: 0 something fits, 1 nothing fits, 2 bad input.
     """
+    if o["nnodes"] is not None:
+        _elastic(o, margin, as_json)
+        return
+    if o["world_size"] is None:
+        raise ConfigError("--gpus", "required for planning", "pass --gpus N (or --nnodes MIN:MAX)")
     if not o["gpu_memory"]:
         raise ConfigError("--gpu-memory", "required for planning", "pass e.g. --gpu-memory 80GiB")
     try:
@@ -86,6 +97,7 @@ def plan_cmd(
         raise ConfigError(
             "--zero-stages", f"cannot read {zero_stages!r}", "write e.g. 0,1,2,3"
         ) from exc
+    del o["nnodes"], o["nproc_per_node"]
     req = PlanRequest(
         model=load_model(o["model"]),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
@@ -107,4 +119,17 @@ def plan_cmd(
     else:
         click.echo(render_plan(res, top))
     if not res.candidates:
+        raise SystemExit(1)
+
+
+def _elastic(o: dict[str, Any], margin: float, as_json: bool) -> None:
+    """``--nnodes MIN:MAX``: the global-batch table of ``dssup plan-elastic``."""
+    from dssup.cli.elastic import plan_elastic, render_table
+
+    table = plan_elastic({**o, "margin": margin})
+    if as_json:
+        click.echo(json.dumps(table.model_dump(mode="json"), separators=(",", ":")))
+    else:
+        click.echo(render_table(table))
+    if not table.compatible_nnodes:
         raise SystemExit(1)
