@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import jsonpatch
-
 from dssup.admission import annotations as ann
+from dssup.admission.applypatch import PatchError, apply_ops
 from dssup.admission.config import Incomplete, resolve
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
 from dssup.admission.kinds import normalise
@@ -112,11 +111,10 @@ def _verify(
 ) -> bool:
     """Re-read the patched object: it must state exactly the candidate and the same global batch."""
     try:
-        copy = json.loads(json.dumps(obj))  # faster than deepcopy for JSON data
-        patched = jsonpatch.apply_patch(copy, ops, in_place=True)
+        patched = apply_ops(json.loads(json.dumps(obj)), ops)  # a copy; faster than deepcopy
         view = normalise(patched, evaluator.cache, ev.view.namespace)
         cfg = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
-    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, ConfigError, Incomplete):
+    except (PatchError, ConfigError, Incomplete):
         return False
     return (cfg.layout, cfg.training, cfg.global_batch) == (
         ev.cfg.layout,

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dssup.admission import Adapter, Policy
+from dssup.admission.applypatch import PatchError, apply_ops
 from dssup.admission.config import resolve
 from dssup.admission.kinds import normalise
 from dssup.admission.source import read_sources
@@ -141,6 +142,7 @@ def test_mutation_invariants(obj):
     assert obj == original  # the policy never modifies its input
     assert m.allowed
     patched = jsonpatch.apply_patch(obj, list(m.patch))
+    assert apply_ops(copy.deepcopy(obj), list(m.patch)) == patched  # our verifier agrees
     again = POLICY.judge(patched, "team-a", "mutate")
     assert again.patch == ()
     v = POLICY.judge(patched, "team-a", "validate")
@@ -215,3 +217,29 @@ def test_fuzz_ten_thousand_reviews():
                 rev["request"]["object"], json.loads(base64.b64decode(resp["patch"]))
             )
     assert stats[200] > 5000 and stats[400] > 100
+
+
+def test_apply_ops_follows_rfc6902():
+    doc = {"a": {"b~c/d": [1, 2]}, "l": ["x"]}
+    ops = [
+        {"op": "test", "path": "/a/b~0c~1d/1", "value": 2},
+        {"op": "add", "path": "/l/-", "value": "y"},
+        {"op": "add", "path": "/l/0", "value": "w"},
+        {"op": "replace", "path": "/a/b~0c~1d/0", "value": 9},
+        {"op": "remove", "path": "/l/1"},
+        {"op": "add", "path": "/n", "value": {}},
+    ]
+    assert apply_ops(copy.deepcopy(doc), ops) == jsonpatch.apply_patch(doc, ops)
+    for bad in (
+        {"op": "replace", "path": "/missing", "value": 1},
+        {"op": "test", "path": "/l/0", "value": "z"},
+        {"op": "remove", "path": "/l/5"},
+        {"op": "add", "path": "/l/01", "value": 1},
+        {"op": "add", "path": "/x/y", "value": 1},
+    ):
+        try:
+            apply_ops(copy.deepcopy(doc), [bad])
+        except PatchError:
+            pass
+        else:
+            raise AssertionError(bad)
