@@ -246,6 +246,15 @@ def resume(engine: Any, args: argparse.Namespace) -> None:
     )
 
 
+def vm_bytes(key: str) -> int:
+    """A ``/proc/self/status`` figure (VmSize, VmPeak, VmHWM) in bytes."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # The CPU accelerator JIT-compiles a shared-memory comm op on first use (35-80 s); gloo
@@ -260,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         if dist.get_rank() == 0:
             torch.save({"state": state, "global_steps": engine.global_steps}, args.dump_after_load)
     data = dataset(args.steps * engine.train_batch_size(), args.d_in)
+    vm_base, vm_init_peak = vm_bytes("VmSize"), vm_bytes("VmPeak")
     if args.mem_cap_mb:
         from dssup.runtime import memory_cap
 
@@ -271,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.save_dir and args.save_every and engine.global_steps % args.save_every == 0:
             engine.save_checkpoint(str(args.save_dir), tag=f"global_step{engine.global_steps}")
             emit("saved", tag=f"global_step{engine.global_steps}", dir=str(args.save_dir))
+    emit("memory", vm_base=vm_base, vm_init_peak=vm_init_peak, vm_peak=vm_bytes("VmPeak"), rss_peak=vm_bytes("VmHWM"))
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

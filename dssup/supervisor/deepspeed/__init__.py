@@ -11,6 +11,7 @@ torch are needed only in the conversion child; everything here imports without t
 """
 
 from dssup.supervisor.deepspeed.adapter import DeepSpeedAdapter, to_ds_plan
+from dssup.supervisor.deepspeed.assess import assess_attempt, attempt_losses
 from dssup.supervisor.deepspeed.ckpt_info import (
     CheckpointInfo,
     find_latest_complete,
@@ -45,6 +46,8 @@ __all__ = [
     "MemoryContext",
     "Resume",
     "adapter",
+    "assess_attempt",
+    "attempt_losses",
     "check_continuity",
     "decide_load",
     "derive_plan",

@@ -58,6 +58,16 @@ class CheckpointInfo(BaseModel):
     ds_config: dict[str, Any] = Field(default_factory=dict, description="config saved with it")
 
 
+_UNREADABLE = (
+    zipfile.BadZipFile,
+    pickle.UnpicklingError,
+    EOFError,
+    StopIteration,
+    KeyError,
+    OSError,
+)
+
+
 class _Stub:
     """Stands in for any class the pickle names; keeps constructor arguments for inspection."""
 
@@ -130,14 +140,23 @@ def read_checkpoint(path: Path) -> CheckpointInfo | None:
     model_file = tag_dir / (models[0] if models else (z3_models[0] if z3_models else ""))
     if not model_file.is_file():
         return None
-    tree = read_pickled_tree(model_file)
+    try:
+        tree = read_pickled_tree(model_file)
+    except _UNREADABLE:
+        return None
     dp = int(tree.get("dp_world_size", 1))
     mp = int(tree.get("mp_world_size", 1))
-    stage, version = _stage_from_optim(tag_dir / optim[0]) if optim else (0, "")
+    unreadable: list[str] = []
+    try:
+        stage, version = _stage_from_optim(tag_dir / optim[0]) if optim else (0, "")
+    except _UNREADABLE:
+        stage, version = (3 if z3_models else 1), ""
+        unreadable.append(f"{optim[0]} (unreadable)")
     if z3_models and not models:
         stage = 3
     universal = (tag_dir / "zero").is_dir()
     missing = [] if universal else _missing_files(stage, dp, mp, names, optim)
+    missing += unreadable
     return CheckpointInfo(
         path=tag_dir,
         tag=tag_dir.name,

@@ -51,12 +51,25 @@ def test_climbs_one_rung_at_a_time_without_repeats() -> None:
         tried.append(plan)
     assert seen == [
         "deepspeed:zero-1",
-        "deepspeed:zero-2",
         "deepspeed:offload-optimizer",
         "deepspeed:zero-3",
         "deepspeed:offload-params",
     ]
     assert (plan.zero_stage, plan.offload) == (3, "optimizer+params")
+
+
+def test_zero2_is_no_optimizer_step_remedy_and_cpu_jobs_never_offload() -> None:
+    at1 = PLAN.model_copy(update={"zero_stage": 1})
+    assert [o.name for o in options_for("optimizer", at1)] == [
+        "offload-optimizer",
+        "zero-3",
+        "offload-params",
+    ]
+    assert [o.name for o in options_for("optimizer", at1, device="cpu")] == ["zero-3"]
+    assert "zero-2" in [o.name for o in options_for("backward", at1)]
+    cpu = RemedyContext(tried=frozenset({at1.key()}), capabilities=CAPS, device="cpu")
+    r = DeepSpeedStep().propose(oom("optimizer", FailureKind.HOST_OOM), at1, cpu)
+    assert r is not None and (r.step, r.plan.zero_stage) == ("deepspeed:zero-3", 3)
 
 
 def test_offload_needs_zero_and_params_need_stage_3() -> None:
@@ -121,7 +134,7 @@ def test_observed_failure_shifts_the_prediction() -> None:
     )
     assert plain is not None and shifted is not None
     assert plain.predicted_peak_bytes is not None and shifted.predicted_peak_bytes is not None
-    if plain.step == shifted.step:
-        assert shifted.predicted_peak_bytes == plain.predicted_peak_bytes + 31 * GiB
-    else:  # the calibrated estimate ruled the cheaper option out
-        assert shifted.predicted_peak_bytes > plain.predicted_peak_bytes
+    assert shifted.predicted_peak_bytes == _peak(mem, shifted.plan) + 31 * GiB
+    if plain.step != shifted.step:  # the calibrated estimate ruled the cheaper option out
+        budget = mem.gpu_memory_bytes * (1 - mem.margin)
+        assert _peak(mem, plain.plan) + 31 * GiB > budget
