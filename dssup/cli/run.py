@@ -88,12 +88,19 @@ def _run_id(command: list[str], o: dict[str, Any]) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+def _unique_id(run_dir: Path) -> str:
+    """The directory's name plus a hash of its absolute path: tokens of two runs never meet."""
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{run_dir.name}-{digest}"
+
+
 def _run_dir(command: list[str], o: dict[str, Any]) -> tuple[str, Path]:
-    if o.get("resume"):
-        run_dir = Path(o["resume"])
-        return run_dir.name, run_dir
-    if o.get("run_dir"):
-        return Path(o["run_dir"]).name, Path(o["run_dir"])
+    explicit = o.get("resume") or o.get("run_dir")
+    if explicit:
+        journal = Journal(Path(explicit))
+        started = journal.first("run-started")
+        run_id = started["run_id"] if started else _unique_id(Path(explicit))
+        return run_id, Path(explicit)
     base = _run_id(command, o)
     for n in range(1, 1000):
         run_id = base if n == 1 else f"{base}-{n}"

@@ -52,6 +52,8 @@ class AttemptResult:
     exited_mono: float  # monotonic time torchrun's exit was seen
     stragglers: list[int]
     oom_kills: int = 0
+    spawned_at: float = 0.0  # time.time() right after torchrun was spawned
+    exited_at: float = 0.0  # time.time() when its exit was seen
 
 
 def _launcher_extras(cmd: TorchrunCommand, attempt_dir: Path) -> list[str]:
@@ -118,6 +120,7 @@ def run_attempt(
     child = Child(spec.argv, {**os.environ, **spec.env}, spec.dir / "torchrun.log", sink)
     started = time.time()
     child.start()
+    spawned_at = time.time()
     on_start(child)
     forwarded: int | None = None
     code = None
@@ -127,7 +130,7 @@ def run_attempt(
             log.warning("forwarding %s to torchrun (pid %s)", signal.Signals(sig).name, child.pid)
             child.send(sig)
             forwarded = sig
-    exited = time.monotonic()
+    exited, exited_at = time.monotonic(), time.time()
     pids = processes_with_token(spec.token)
     stragglers = terminate_token(spec.token, grace_s) if pids else []
     wait_gpu_released(pids, gpu_timeout_s)
@@ -149,4 +152,6 @@ def run_attempt(
             message=f"dssup received {signal.Signals(forwarded).name}",
             evidence=(f"forwarded {signal.Signals(forwarded).name} to torchrun",),
         )
-    return AttemptResult(code, failure, started, time.time(), exited, stragglers, oom_kills)
+    return AttemptResult(
+        code, failure, started, time.time(), exited, stragglers, oom_kills, spawned_at, exited_at
+    )

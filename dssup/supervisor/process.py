@@ -111,6 +111,8 @@ class Child:
             return None
         if self._reader is not None:
             self._reader.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         return code
 
     def console_tail(self) -> str:

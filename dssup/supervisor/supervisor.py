@@ -278,6 +278,8 @@ class Supervisor:
             checkpoint_step=step,
             stragglers=result.stragglers,
             oom_kills=result.oom_kills,
+            spawned_at=round(result.spawned_at, 4),
+            exited_at=round(result.exited_at, 4),
         )
         self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
         self._write_metrics()

@@ -58,8 +58,7 @@ def _wait_no_processes(prefix: str, timeout: float = 30) -> list[int]:
 @pytest.mark.torch
 @pytest.mark.slow
 def test_sigkill_then_rerun_continues_the_same_run(tmp_path):
-    run_id = f"kill-{os.getpid()}-{tmp_path.name}"
-    run_dir, ckpt = tmp_path / run_id, tmp_path / "ckpt"
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     env = {**os.environ, "SLEEPER_STEPS": "24"}
     first = subprocess.Popen(
         _cmd(run_dir, ckpt),
@@ -72,6 +71,8 @@ def test_sigkill_then_rerun_continues_the_same_run(tmp_path):
     _wait_for_step(ckpt, 3, first)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    run_id = journal(run_dir)[0]["run_id"]
+    assert run_id.startswith("run-") and len(run_id) == len("run-") + 8
     assert _wait_no_processes(f"{run_id}/1") == [], "workers of the killed supervisor survived"
     second = subprocess.run(
         _cmd(run_dir, ckpt),
@@ -98,8 +99,7 @@ def test_sigkill_then_rerun_continues_the_same_run(tmp_path):
 @pytest.mark.torch
 @pytest.mark.slow
 def test_sigterm_is_forwarded_and_nothing_survives(tmp_path):
-    run_id = f"term-{os.getpid()}-{tmp_path.name}"
-    run_dir, ckpt = tmp_path / run_id, tmp_path / "ckpt"
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     proc = subprocess.Popen(
         _cmd(run_dir, ckpt),
         cwd=tmp_path,
@@ -112,6 +112,7 @@ def test_sigterm_is_forwarded_and_nothing_survives(tmp_path):
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     rec = journal(run_dir)
+    run_id = rec[0]["run_id"]
     assert of(rec, "run-ended")[0]["outcome"] == "interrupted"
     assert len(of(rec, "attempt-started")) == 1
     assert token_processes(f"{run_id}/") == []

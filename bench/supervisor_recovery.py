@@ -1,0 +1,151 @@
+"""How fast and how well does a job recover from an OOM? dssup vs torchrun vs accelerate.
+
+Three ways to meet the same failure, on this machine's CPUs (2 gloo ranks):
+
+1. ``dssup run``: rank 1 dies of an OOM at micro-batch 8; dssup classifies it, halves the
+   micro-batch (accumulation doubled, global batch exact) and relaunches. Measured per run:
+   worker death -> torchrun exit (torchrun's own teardown), torchrun exit -> next torchrun
+   spawned (**dssup's overhead**: straggler check, evidence, classification, planning,
+   journal, spawn), and the whole recovery. Goal: dssup's overhead under 1 s.
+2. ``torchrun --max-restarts 3`` on the same failure: it relaunches the same command, which
+   dies the same way each time, and finally fails.
+3. ``accelerate.find_executable_batch_size`` semantics (re-implemented here: accelerate is not
+   a dependency): in-process, batch x0.9 on each OOM, accumulation untouched. Run for real on
+   the example model under an address-space cap: it survives, but the global batch changes.
+
+    .venv/bin/python bench/supervisor_recovery.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BIN = Path(sys.executable).parent
+WORKER = str(HERE / "supervisor_oom_worker.py")
+TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+
+
+def dssup_once(tmp: Path) -> dict[str, float]:
+    run = tmp / "run"
+    env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "death")}
+    t0 = time.time()
+    res = subprocess.run(
+        [str(BIN / "dssup"), "run", "--quiet", "--run-dir", str(run), "--global-batch-size", "16",
+         "--micro-batch-size", "8", "--", *TORCHRUN[0:1], *TORCHRUN[1:], WORKER],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    total = time.time() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"dssup run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    rec = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
+    ends = [r for r in rec if r["type"] == "attempt-ended"]
+    death = float((tmp / "death.1").read_text())
+    return {
+        "death_to_torchrun_exit_s": ends[0]["exited_at"] - death,
+        "dssup_overhead_s": ends[1]["spawned_at"] - ends[0]["exited_at"],
+        "death_to_relaunch_s": ends[1]["spawned_at"] - death,
+        "attempts": len(ends),
+        "total_s": total,
+    }
+
+
+def torchrun_max_restarts(tmp: Path, restarts: int = 3) -> dict[str, float | int]:
+    env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "tr-death"), "BENCH_MB": "8"}
+    t0 = time.time()
+    res = subprocess.run([*TORCHRUN, "--max-restarts", str(restarts), WORKER], env=env,
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    deaths = sorted(tmp.glob("tr-death.*"))
+    return {"exit_code": res.returncode, "oom_deaths": len(deaths), "total_s": time.time() - t0}
+
+
+ACCELERATE_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+import train_tiny as t
+from dssup.runtime import memory_cap
+
+def should_reduce_batch_size(exc):  # accelerate.utils.memory, same strings
+    markers = [" out of memory.", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+               "DefaultCPUAllocator: can't allocate memory"]
+    return isinstance(exc, RuntimeError) and len(exc.args) == 1 and any(m in exc.args[0] for m in markers)
+
+torch.set_num_threads(1)
+args = t.parse_args([])
+model, opt = t.build(args)
+t.train_step(args, model, None, opt, 0, 0, 16, 16, 1)  # warm up at short sequences
+memory_cap(int(sys.argv[2]) << 20)
+per_device, accum, world = 16, 1, 2   # the job asked for global batch 16 x 1 x 2 = 32
+tried, t0 = [], time.time()
+while True:                          # find_executable_batch_size, new semantics (x0.9)
+    tried.append(per_device)
+    try:
+        t.train_step(args, model, None, opt, 5, 0, per_device * accum, per_device, accum)
+        break
+    except Exception as exc:
+        if not should_reduce_batch_size(exc):
+            raise
+        per_device = int(per_device * 0.9)
+        if per_device == 0:
+            raise RuntimeError("No executable batch size found, reached zero.")
+print(json.dumps({"tried": tried, "final_per_device": per_device,
+                  "global_before": 16 * accum * world, "global_after": per_device * accum * world,
+                  "seconds": time.time() - t0}))
+"""
+
+
+def accelerate_semantics(cap_mib: int) -> dict[str, object]:
+    res = subprocess.run(
+        [sys.executable, "-c", ACCELERATE_CHILD, str(ROOT / "examples"), str(cap_mib)],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    if res.returncode != 0:
+        return {"error": res.stderr.strip().splitlines()[-1:]}
+    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--cap-mib", type=int, default=56, help="address-space budget (accelerate)")
+    args = p.parse_args()
+    rows = []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(dssup_once(Path(tmp)))
+        print(f"dssup run {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items()))
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        tr = torchrun_max_restarts(Path(tmp))
+    acc = accelerate_semantics(args.cap_mib)
+    print()
+    print(f"dssup run (median of {args.runs}): recovered in {med['attempts']:.0f} attempts; "
+          f"worker death -> torchrun exit {med['death_to_torchrun_exit_s'] * 1000:.0f} ms "
+          f"(torchrun), torchrun exit -> relaunch {med['dssup_overhead_s'] * 1000:.0f} ms "
+          f"(dssup overhead, goal < 1000 ms), death -> relaunch "
+          f"{med['death_to_relaunch_s'] * 1000:.0f} ms; whole run {med['total_s']:.1f} s; "
+          "global batch 16 -> 16")  # fmt: skip
+    print(f"torchrun --max-restarts 3: exit {tr['exit_code']}, the same OOM {tr['oom_deaths']} "
+          f"times, never recovers; {tr['total_s']:.1f} s")  # fmt: skip
+    if "error" in acc:
+        print(f"accelerate semantics: failed: {acc['error']}")
+    else:
+        print(f"accelerate find_executable_batch_size semantics: tried per-device batches "
+              f"{acc['tried']}, survives at {acc['final_per_device']} with accumulation unchanged:"
+              f" global batch {acc['global_before']} -> {acc['global_after']} (CHANGED); "
+              f"{float(str(acc['seconds'])):.1f} s in-process")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

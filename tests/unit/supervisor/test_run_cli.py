@@ -1,0 +1,100 @@
+"""``dssup run`` / ``dssup status`` flags, initial plan and exit codes (no torchrun launched)."""
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dssup.cli import main
+from dssup.cli.run import _run_dir, initial_plan
+from dssup.errors import ConfigError
+from dssup.supervisor import parse_command
+
+
+def test_help_documents_exit_codes():
+    out = CliRunner().invoke(main, ["run", "--help"]).output
+    for code in ("0 the job finished", "128+N", "125", "126", "127", "2 bad usage"):
+        assert code in out
+
+
+def test_ambiguous_worker_argument_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--",
+            "torchrun",
+            "--standalone",
+            "t.py",
+            "--mon",
+            "3",
+        ],
+    )
+    assert res.exit_code == 2 and "ambiguous prefix" in res.output
+
+
+def test_missing_launcher_is_127(tmp_path):
+    res = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--quiet",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--",
+            "python3.99",
+            "-m",
+            "torch.distributed.run",
+            "t.py",
+        ],
+    )
+    assert res.exit_code == 127 and "command not found" in res.output
+
+
+def test_run_ids_differ_for_same_named_dirs(tmp_path):
+    a, _ = _run_dir([], {"run_dir": tmp_path / "x" / "run"})
+    b, _ = _run_dir([], {"run_dir": tmp_path / "y" / "run"})
+    assert a != b and a.startswith("run-") and b.startswith("run-")
+
+
+def test_default_run_dir_is_per_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = _run_dir(["torchrun", "a.py"], {})
+    assert a == _run_dir(["torchrun", "a.py"], {})
+    assert a != _run_dir(["torchrun", "b.py"], {})
+    assert a[1].parent == Path("dssup-runs")
+
+
+@pytest.mark.parametrize(
+    ("opts", "args", "want"),
+    [
+        ({"global_batch_size": 32, "micro_batch_size": 16}, [], (32, 16, 1)),
+        ({"global_batch_size": 32}, ["--micro-batch-size", "4"], (32, 4, 4)),
+        (
+            {},
+            ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"],
+            (32, 8, 2),
+        ),
+        ({}, [], (None, None, None)),
+    ],
+)
+def test_initial_plan(opts, args, want):
+    cmd = parse_command(["torchrun", "--nproc-per-node", "2", "t.py", *args], env={})
+    p = initial_plan(cmd, {"tp": 1, "pp": 1, "cp": 1, **opts}, [])
+    assert (p.global_batch, p.micro_batch, p.grad_accum) == want
+    assert p.dp == 2 and p.world_size == 2
+
+
+def test_indivisible_global_batch_is_refused():
+    cmd = parse_command(["torchrun", "--nproc-per-node", "2", "t.py"], env={})
+    with pytest.raises(ConfigError, match="not a multiple"):
+        initial_plan(
+            cmd, {"tp": 1, "pp": 1, "cp": 1, "global_batch_size": 30, "micro_batch_size": 4}, []
+        )
+
+
+def test_status_of_a_missing_run_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(main, ["status", str(tmp_path)])
+    assert res.exit_code == 2 and "no journal" in res.output
