@@ -14,6 +14,8 @@ Inputs (explicit beats inferred; every one optional):
 ``dssup.io/offload``               ``none`` | ``optimizer`` | ``optimizer,params``
 ``dssup.io/precision``             ``bf16`` | ``fp16`` | ``bf16-lowmom`` | ``fp32``
 ``dssup.io/resize``                ``false`` forbids the mutating webhook to change the job
+``dssup.io/max-gpus``              the job may grow to this many GPUs (more data-parallel
+                                   replicas) when no config fits at its requested size
 =================================  ===========================================================
 
 Outputs (written by the mutating webhook; JSON values):
@@ -30,6 +32,7 @@ __all__ = [
     "ESTIMATE",
     "GLOBAL_BATCH",
     "LAYOUT",
+    "MAX_GPUS",
     "MICRO_BATCH",
     "MODEL",
     "OFFLOAD",
@@ -55,6 +58,7 @@ ZERO_STAGE = PREFIX + "zero-stage"
 OFFLOAD = PREFIX + "offload"
 PRECISION = PREFIX + "precision"
 RESIZE = PREFIX + "resize"
+MAX_GPUS = PREFIX + "max-gpus"
 ESTIMATE = PREFIX + "estimate"
 RESIZED_FROM = PREFIX + "resized-from"
 RESIZED_TO = PREFIX + "resized-to"

@@ -6,7 +6,16 @@ knob can never disagree about its spelling.
 
 from __future__ import annotations
 
-__all__ = ["DS_CONFIG", "ENV", "HF", "MEGATRON", "MEGATRON_MODEL", "SWITCHES", "all_names"]
+__all__ = [
+    "DS_CONFIG",
+    "ENV",
+    "HF",
+    "LAUNCHER",
+    "MEGATRON",
+    "MEGATRON_MODEL",
+    "SWITCHES",
+    "all_names",
+]
 
 
 def _f(*names: str) -> frozenset[str]:
@@ -66,6 +75,9 @@ HF: dict[str, frozenset[str]] = {
     "model": _f("--model_name_or_path", "--model-name-or-path"),
     "deepspeed": _f("--deepspeed", "--deepspeed_config", "--deepspeed-config"),
 }
+LAUNCHER: dict[str, frozenset[str]] = {
+    "nnodes": _f("--nnodes"),  # torchrun: a fixed node count forbids adding replicas
+}
 ENV: dict[str, tuple[str, ...]] = {
     "micro_batch": ("DSSUP_MICRO_BATCH_SIZE", "MICRO_BATCH_SIZE"),
     "global_batch": ("DSSUP_GLOBAL_BATCH_SIZE", "GLOBAL_BATCH_SIZE"),
@@ -84,7 +96,7 @@ DS_CONFIG: dict[str, str] = {
 def all_names() -> frozenset[str]:
     """Every flag dssup reads (used to tell a training launcher from anything else)."""
     names: set[str] = set()
-    for table in (MEGATRON, SWITCHES, MEGATRON_MODEL, HF):
+    for table in (MEGATRON, SWITCHES, MEGATRON_MODEL, HF, LAUNCHER):
         for flags in table.values():
             names |= flags
     return frozenset(names)

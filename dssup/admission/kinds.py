@@ -117,8 +117,15 @@ def _container(c: Mapping[str, Any], path: str) -> ContainerView:
     )
 
 
-def pod_set(name: str, count: int, pod: Mapping[str, Any], path: str) -> PodSetView:
-    """Read one pod template spec found at JSON Pointer ``path``."""
+def pod_set(
+    name: str,
+    count: int,
+    pod: Mapping[str, Any],
+    path: str,
+    scale: tuple[tuple[str, ...], int, int | None] = ((), 1, None),
+) -> PodSetView:
+    """Read one pod template spec found at JSON Pointer ``path``; ``scale`` = (count pointers,
+    pods per unit, stated maximum units)."""
     containers = tuple(
         _container(_map(c), f"{path}/containers/{i}")
         for i, c in enumerate(_list(pod.get("containers")))
@@ -130,6 +137,9 @@ def pod_set(name: str, count: int, pod: Mapping[str, Any], path: str) -> PodSetV
         gpu_products=_products(pod),
         containers=containers,
         config_map_volumes=_cm_volumes(pod),
+        scale_paths=scale[0],
+        scale_step=scale[1],
+        max_units=scale[2],
     )
 
 
@@ -139,12 +149,16 @@ def _pytorchjob(
     specs = _map(_map(obj.get("spec")).get("pytorchReplicaSpecs"))
     if not specs:
         notes.append("spec.pytorchReplicaSpecs is missing")
+    elastic = _int(_map(_map(obj.get("spec")).get("elasticPolicy")).get("maxReplicas"), 0)
     out = []
     for rtype, raw in specs.items():
         rspec = _map(raw)
-        path = f"/spec/pytorchReplicaSpecs/{escape(str(rtype))}/template/spec"
+        base = f"/spec/pytorchReplicaSpecs/{escape(str(rtype))}"
         pod = _map(_map(rspec.get("template")).get("spec"))
-        out.append(pod_set(str(rtype), _int(rspec.get("replicas"), 1), pod, path))
+        scale = ((f"{base}/replicas",), 1, elastic or None) if rtype == "Worker" else ((), 1, None)
+        out.append(
+            pod_set(str(rtype), _int(rspec.get("replicas"), 1), pod, f"{base}/template/spec", scale)
+        )
     return out
 
 
@@ -155,10 +169,12 @@ def _jobset(
     for i, raw in enumerate(_list(_map(obj.get("spec")).get("replicatedJobs"))):
         rj = _map(raw)
         jspec = _map(_map(rj.get("template")).get("spec"))
-        count = _int(rj.get("replicas"), 1) * _int(jspec.get("parallelism"), 1)
+        step = _int(jspec.get("parallelism"), 1)
+        count = _int(rj.get("replicas"), 1) * step
         pod = _map(_map(jspec.get("template")).get("spec"))
         path = f"/spec/replicatedJobs/{i}/template/spec/template/spec"
-        out.append(pod_set(str(rj.get("name", i)), count, pod, path))
+        scale = ((f"/spec/replicatedJobs/{i}/replicas",), max(1, step), None)
+        out.append(pod_set(str(rj.get("name", i)), count, pod, path, scale))
     if not out:
         notes.append("spec.replicatedJobs is empty")
     return out
@@ -169,7 +185,11 @@ def _job(
 ) -> list[PodSetView]:
     spec = _map(obj.get("spec"))
     pod = _map(_map(spec.get("template")).get("spec"))
-    return [pod_set("job", _int(spec.get("parallelism"), 1), pod, "/spec/template/spec")]
+    parallelism = _int(spec.get("parallelism"), 1)
+    paths: tuple[str, ...] = ("/spec/parallelism",)
+    if _int(spec.get("completions"), -1) == parallelism:
+        paths += ("/spec/completions",)
+    return [pod_set("job", parallelism, pod, "/spec/template/spec", (paths, 1, None))]
 
 
 def _pod(

@@ -36,8 +36,10 @@ def describe(layout: Layout, training: Training) -> str:
     return " ".join(parts)
 
 
-def knobs(training: Training) -> dict[str, Any]:
+def knobs(training: Training, gpus: int | None = None) -> dict[str, Any]:
+    extra = {"gpus": gpus} if gpus is not None else {}
     return {
+        **extra,
         "microBatch": training.micro_batch,
         "gradAccum": training.grad_accum,
         "recompute": training.recompute,

@@ -179,16 +179,25 @@ def expressible(
 
 
 def render(
-    src: Sources, change: Change, global_batch: int, stated: bool
+    src: Sources,
+    change: Change,
+    global_batch: int,
+    stated: bool,
+    accum: int,
+    *,
+    pin_global: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, str]] | None:
-    """(argument/env operations, annotation values) for ``change``, or None if inexpressible."""
+    """(argument/env operations, annotation values) for ``change``, or None if inexpressible.
+
+    ``accum`` is the new gradient accumulation; ``pin_global`` makes an implicit global batch
+    explicit even when the micro-batch stays (needed when the data-parallel size changes).
+    """
     w = _Writer(src)
     ok = True
     if "micro_batch" in change:
-        new_accum = change.get("grad_accum", (None, None))[1]
-        ok = _micro(w, change["micro_batch"][1]) and _keep_global(
-            w, global_batch, stated, new_accum or 1
-        )
+        ok = _micro(w, change["micro_batch"][1])
+    if ok and ({"micro_batch", "grad_accum"} & set(change) or pin_global):
+        ok = _keep_global(w, global_batch, stated, accum)
     if ok and "recompute" in change:
         ok = _recompute(w, *change["recompute"])
     if ok and "zero_stage" in change:

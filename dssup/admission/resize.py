@@ -18,18 +18,22 @@ from dssup.admission import annotations as ann
 from dssup.admission.applypatch import PatchError, apply_ops
 from dssup.admission.config import Incomplete, resolve
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
+from dssup.admission.flags import LAUNCHER
 from dssup.admission.kinds import normalise
 from dssup.admission.messages import gib, knobs
 from dssup.admission.patch import Change, annotation_ops, expressible, render
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import read_sources
+from dssup.admission.view import PodSetView
 from dssup.errors import ConfigError
-from dssup.memory import Candidate, Estimate, PlanRequest, PlanResult, plan
+from dssup.memory import Candidate, Estimate, Layout, PlanRequest, PlanResult, plan
 
 __all__ = ["Resize", "find_resize"]
 
 _PLANS = LRU(512)
 _TRIES = 16
+_MAX_SIZES = 16  # bigger sizes tried when the job may grow
+_NNODES = LAUNCHER["nnodes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +48,9 @@ class Resize:
     short: str
 
 
-def _plan(ev: Evaluation, settings: PolicySettings) -> PlanResult:
+def _plan(ev: Evaluation, settings: PolicySettings, layout: Layout | None = None) -> PlanResult:
     cfg = ev.cfg
+    layout = layout or cfg.layout
     allowed = expressible(ev.src, cfg.origins, cfg.training)
     recompute = allowed["recompute"] or ("none", "selective", "full")
     zero = allowed["zero_stage"] or (0, 1, 2, 3)
@@ -61,7 +66,8 @@ def _plan(ev: Evaluation, settings: PolicySettings) -> PlanResult:
         model=cfg.model,
         gpu_memory_bytes=ev.gpu.usable_bytes,
         global_batch=cfg.global_batch,
-        layout=cfg.layout,
+        layout=layout,
+        world_size=layout.world_size,
         training=cfg.training,
         recompute=recompute,
         zero_stages=zero,
@@ -116,11 +122,8 @@ def _verify(
         cfg = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
     except (PatchError, ConfigError, Incomplete):
         return False
-    return (cfg.layout, cfg.training, cfg.global_batch) == (
-        ev.cfg.layout,
-        cand.training,
-        ev.cfg.global_batch,
-    )
+    want = (cand.layout, cand.training, ev.cfg.global_batch)
+    return (cfg.layout, cfg.training, cfg.global_batch) == want
 
 
 def _words(change: Change) -> str:
@@ -133,6 +136,115 @@ def _words(change: Change) -> str:
     return ", ".join(f"{names[k]} {a}->{b}" for k, (a, b) in change.items())
 
 
+@dataclass(frozen=True, slots=True)
+class _Scale:
+    """Grow one pod set to ``units`` (replicas, parallelism, numNodes) = ``gpus`` GPUs in all."""
+
+    ps: PodSetView
+    units: int
+    gpus: int
+
+
+def _note(est: Estimate, ev: Evaluation) -> str:
+    doc = {
+        "peakGiB": gib(est.peak_bytes),
+        "usableGiB": gib(ev.gpu.usable_bytes),
+        "gpu": ev.gpu.product,
+        "fits": True,
+    }
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _attempt(
+    obj: Mapping[str, Any],
+    ev: Evaluation,
+    evaluator: Evaluator,
+    cand: Candidate,
+    change: Change,
+    scale: _Scale | None,
+) -> Resize | None:
+    rendered = render(
+        ev.src,
+        change,
+        ev.cfg.global_batch,
+        ev.cfg.global_batch_stated,
+        cand.training.grad_accum,
+        pin_global=scale is not None,
+    )
+    if rendered is None:
+        return None
+    ops, values = rendered
+    est = evaluator.estimate(ev.cfg, cand.layout, cand.training, ev.gpu.usable_bytes)
+    if not est.fits:
+        return None
+    world = ev.view.world_size
+    if scale is not None:
+        ops = ops + [{"op": "add", "path": p, "value": scale.units} for p in scale.ps.scale_paths]
+    values = {**values, ann.ESTIMATE: _note(est, ev)}
+    new_world = scale.gpus if scale else None
+    values[ann.RESIZED_FROM] = json.dumps(
+        knobs(ev.cfg.training, world if scale else None), separators=(",", ":"), sort_keys=True
+    )
+    values[ann.RESIZED_TO] = json.dumps(
+        knobs(cand.training, new_world), separators=(",", ":"), sort_keys=True
+    )
+    patch = ops + annotation_ops(obj, values)
+    if not _verify(obj, patch, ev, cand, evaluator):
+        return None
+    words = _words(change)
+    if scale is not None:
+        words = ", ".join(w for w in (f"GPUs {world}->{scale.gpus}", words) if w)
+    return Resize(
+        cand,
+        patch,
+        est,
+        est.peak_bytes,
+        f"closest fitting config: {words} (peak {gib(est.peak_bytes)} GiB)",
+        words,
+    )
+
+
+def _scales(ev: Evaluation) -> list[_Scale]:
+    """Bigger sizes the job allows (``dssup.io/max-gpus`` or PyTorchJob elasticPolicy)."""
+    sets = [ps for ps in ev.view.training_sets if ps.scale_paths]
+    if len(sets) != 1 or ev.src.has(_NNODES):
+        return []  # ambiguous, or torchrun --nnodes would keep the old node count
+    ps = sets[0]
+    per_unit = ps.gpus_per_pod * ps.scale_step
+    units = ps.count // ps.scale_step
+    limit = ps.max_units or units
+    text = ev.view.annotations.get(ann.MAX_GPUS, "").strip()
+    if text.isdigit():
+        limit = max(limit, units + (int(text) - ev.view.world_size) // per_unit)
+    return [
+        _Scale(ps, u, ev.view.world_size + (u - units) * per_unit)
+        for u in range(units + 1, min(limit, units + _MAX_SIZES) + 1)
+    ]
+
+
+def _grow(
+    obj: Mapping[str, Any], ev: Evaluation, evaluator: Evaluator, settings: PolicySettings
+) -> Resize | None:
+    lay = ev.cfg.layout
+    for scale in _scales(ev):
+        mp = lay.tp * lay.pp * lay.cp
+        if scale.gpus % mp or ev.cfg.global_batch % (scale.gpus // mp):
+            continue
+        try:
+            layout = Layout(**{**lay.model_dump(), "dp": scale.gpus // mp})
+            res = _plan(ev, settings, layout)
+        except ConfigError:
+            continue
+        for cand in res.candidates[:_TRIES]:
+            change = _change(ev, cand)
+            if change is None:
+                continue
+            found = _attempt(obj, ev, evaluator, cand, change, scale)
+            if found is not None:
+                return found
+    return None
+
+
 def find_resize(
     obj: Mapping[str, Any], ev: Evaluation, evaluator: Evaluator, settings: PolicySettings
 ) -> Resize:
@@ -143,42 +255,12 @@ def find_resize(
         if not change:
             continue
         first = first or (cand, change)
-        rendered = render(ev.src, change, ev.cfg.global_batch, ev.cfg.global_batch_stated)
-        if rendered is None:
-            continue
-        ops, values = rendered
-        est = evaluator.estimate(ev.cfg, cand.layout, cand.training, ev.gpu.usable_bytes)
-        if not est.fits:
-            continue
-        values = dict(values)
-        values[ann.ESTIMATE] = json.dumps(
-            {
-                "peakGiB": gib(est.peak_bytes),
-                "usableGiB": gib(ev.gpu.usable_bytes),
-                "gpu": ev.gpu.product,
-                "fits": True,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
-        )
-        values[ann.RESIZED_FROM] = json.dumps(
-            knobs(ev.cfg.training), separators=(",", ":"), sort_keys=True
-        )
-        values[ann.RESIZED_TO] = json.dumps(
-            knobs(cand.training), separators=(",", ":"), sort_keys=True
-        )
-        patch = ops + annotation_ops(obj, values)
-        if not _verify(obj, patch, ev, cand, evaluator):
-            continue
-        words = _words(change)
-        return Resize(
-            cand,
-            patch,
-            est,
-            est.peak_bytes,
-            f"closest fitting config: {words} (peak {gib(est.peak_bytes)} GiB)",
-            words,
-        )
+        found = _attempt(obj, ev, evaluator, cand, change, None)
+        if found is not None:
+            return found
+    grown = _grow(obj, ev, evaluator, settings)
+    if grown is not None:
+        return grown
     if first is not None:
         cand, change = first
         words = _words(change)
@@ -199,6 +281,7 @@ def find_resize(
         ev.est,
         ev.est.peak_bytes,
         f"no micro-batch/recompute/ZeRO setting fits{tail}; use more pipeline or expert "
-        "parallelism, more GPUs, or a GPU with more memory",
+        "parallelism, more GPUs (annotation dssup.io/max-gpus lets dssup add "
+        "data-parallel replicas), or a GPU with more memory",
         "no config fits; more GPUs or a bigger GPU needed",
     )

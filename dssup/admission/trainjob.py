@@ -104,5 +104,6 @@ def trainjob_pod_sets(
             gpu_products=base_set.gpu_products,
             containers=(container,),
             config_map_volumes=base_set.config_map_volumes,
+            scale_paths=("/spec/trainer/numNodes",),
         )
     ]

@@ -56,6 +56,9 @@ class PodSetView:
     gpu_products: tuple[str, ...]
     containers: tuple[ContainerView, ...]
     config_map_volumes: Mapping[str, tuple[str, Mapping[str, str]]]  # volume -> (cm, key->path)
+    scale_paths: tuple[str, ...] = ()  # pointers that hold the unit count (replicas, parallelism)
+    scale_step: int = 1  # pods per unit (JobSet: parallelism of the replicated job)
+    max_units: int | None = None  # a limit the job itself states (PyTorchJob elasticPolicy)
 
     @property
     def gpus(self) -> int:

@@ -273,3 +273,87 @@ def test_breakdown_only_when_explaining():
         and bd["config"]["pp"] == 16
         and bd["gpu"]["source"] == "node-labels"
     )
+
+
+def _growable(workers=1, **annotations):
+    args = [
+        "--tensor-model-parallel-size",
+        "8",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "64",
+        "--seq-length",
+        "4096",
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "uniform",
+        "--recompute-num-layers",
+        "1",
+        "--use-distributed-optimizer",
+    ]
+
+    def pod():
+        return {
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H800"},
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "x",
+                    "args": list(args),
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                }
+            ],
+        }
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": "grow",
+            "namespace": "team-a",
+            "annotations": {"dssup.io/model": "llama-3-70b", **annotations},
+        },
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": {"spec": pod()}},
+                "Worker": {"replicas": workers, "template": {"spec": pod()}},
+            }
+        },
+    }
+
+
+def test_more_replicas_only_when_the_job_allows_it(policy):
+    # Llama-3-70B with TP=8 on 2 nodes of H800 fits no micro-batch/recompute/ZeRO-0/1 setting.
+    fixed = policy.judge(_growable(), "team-a", "mutate")
+    assert (
+        fixed.code == "no-feasible-plan"
+        and not fixed.patch
+        and "dssup.io/max-gpus" in fixed.message
+    )
+    obj = _growable(**{"dssup.io/max-gpus": "128"})
+    m = policy.judge(obj, "team-a", "mutate")
+    assert m.code == "resized", m.message
+    patched = jsonpatch.apply_patch(obj, list(m.patch))
+    workers = patched["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
+    assert 1 < workers <= 15
+    ann = patched["metadata"]["annotations"]
+    assert json.loads(ann["dssup.io/resized-from"])["gpus"] == 16
+    assert json.loads(ann["dssup.io/resized-to"])["gpus"] == 8 * (workers + 1)
+    args = patched["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert args[args.index("--global-batch-size") + 1] == "64"
+    assert policy.judge(patched, "team-a", "mutate").patch == ()
+    assert policy.judge(patched, "team-a", "validate").code == "fits"
+
+
+def test_elastic_policy_max_replicas_allows_growth_and_nnodes_forbids_it(policy):
+    obj = _growable()
+    obj["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 15}
+    assert policy.judge(obj, "team-a", "mutate").code == "resized"
+    for rtype in ("Master", "Worker"):
+        c = obj["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]
+        c["command"] = ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "pretrain_gpt.py"]
+    assert policy.judge(obj, "team-a", "mutate").code == "no-feasible-plan"
