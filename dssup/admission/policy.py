@@ -22,6 +22,7 @@ from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import Evaluation, Evaluator
 from dssup.admission.messages import breakdown, describe, gib, peak_terms
+from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
 from dssup.admission.settings import PolicySettings
 from dssup.admission.wire import AdmissionRequest
@@ -119,8 +120,6 @@ class Policy:
         return self._does_not_fit(obj, ev, mode)
 
     def _fits(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
-        from dssup.admission.patch import annotation_ops
-
         msg = (
             f"dssup: peak {gib(ev.est.peak_bytes)} GiB/GPU fits {ev.gpu.product} "
             f"({gib(ev.gpu.usable_bytes)} GiB usable)"
