@@ -21,6 +21,23 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.torch]
 
+
+@pytest.fixture(autouse=True)
+def _no_leftovers(tmp_path: Path) -> Any:
+    """Kill whatever this test started that is still alive (a SIGKILLed node's torchrun agent
+    can hang in its own shutdown): every such process names ``tmp_path`` on its command line."""
+    yield
+    mark = str(tmp_path).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if mark in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 WORKER = Path(__file__).resolve().parent / "node_worker.py"
@@ -32,13 +49,16 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _node(shared: Path, rank: int, nnodes: str, port: int, dssup: list[str], job: list[str]) -> subprocess.Popen[bytes]:  # fmt: skip
+def _node(
+    shared: Path, rank: int, nnodes: str, port: int, dssup: list[str], job: list[str],
+    backend: str = "c10d",
+) -> subprocess.Popen[bytes]:  # fmt: skip
     cmd = [
         str(BIN / "dssup"), "run", "--shared-dir", str(shared), "--node-rank", str(rank),
         "--checkpoint-dir", str(shared / "ckpt"), "--device", "cpu", "--quiet",
         "--heartbeat", "0.5", "--member-timeout", "5", "--settle", "3", *dssup, "--",
         str(BIN / "torchrun"), "--nnodes", nnodes, "--nproc-per-node", "1",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job",
+        "--rdzv-backend", backend, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job",
         str(WORKER), "--out", str(shared / "final.pt"), *job,
     ]  # fmt: skip
     with (shared / f"node{rank}.out").open("ab") as log:  # the child keeps its own descriptor
@@ -181,3 +201,53 @@ def test_shrink_then_scale_up_keeps_the_global_batch(tmp_path: Path) -> None:
     assert started[2]["resume_step"] > started[1]["resume_step"]  # the one-node run progressed
     assert _checkpoints(tmp_path)[-1] == 24
     print(f"shrink + scale-up: {elapsed:.1f} s")
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Any:
+    """A real etcd (Debian ``etcd-server``, v2 API on) on loopback ports, for etcd-v2."""
+    binary = Path("/usr/bin/etcd")
+    pytest.importorskip("etcd", reason="python-etcd (dev extra) is needed for etcd-v2")
+    if not binary.exists():
+        pytest.skip("etcd-server is not installed (apt-get install etcd-server)")
+    client, peer = _port(), _port()
+    cmd = [
+        str(binary), "--name", "t", "--data-dir", str(tmp_path / "etcd"),
+        "--listen-client-urls", f"http://127.0.0.1:{client}",
+        "--advertise-client-urls", f"http://127.0.0.1:{client}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"t=http://127.0.0.1:{peer}", "--enable-v2=true",
+    ]  # fmt: skip
+    with (tmp_path / "etcd.log").open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", client)) == 0:
+                break
+        time.sleep(0.2)
+    yield client
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_etcd_survives_losing_the_first_node(tmp_path: Path, etcd: int) -> None:
+    """etcd-v2 rendezvous, --nnodes 1:2: node 0 (the leader, and c10d's store host if it
+    were c10d) is SIGKILLed; node 1 takes over the decisions and finishes alone."""
+    job = ["--steps", "12", "--long-from-step", "1000", "--checkpoint-every", "1",
+           "--step-delay", "1"]  # fmt: skip
+    gb = ["--global-batch-size", "32", "--micro-batch-size", "8"]
+    t0 = time.monotonic()
+    n0 = _node(tmp_path, 0, "1:2", etcd, gb, job, backend="etcd-v2")
+    n1 = _node(tmp_path, 1, "1:2", etcd, gb, job, backend="etcd-v2")
+    _until(lambda: len(_checkpoints(tmp_path)) >= 3, 150, "three checkpoints on two nodes")
+    n0.send_signal(signal.SIGKILL)
+    n0.wait()
+    assert _wait([n1], 300) == [0], (tmp_path / "node1.out").read_text()[-3000:]
+    elapsed = time.monotonic() - t0
+    gens = _of(_journal(tmp_path, 1), "generation")
+    assert [(g["nodes"], g["leader"]) for g in gens] == [([0, 1], 0), ([1], 1)]
+    assert [(g["plan"]["micro_batch"], g["plan"]["grad_accum"]) for g in gens] == [(8, 2), (8, 4)]
+    assert _checkpoints(tmp_path)[-1] == 12
+    print(f"etcd, first node lost: {elapsed:.1f} s")
