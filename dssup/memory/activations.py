@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dssup.memory.config import Convention, Recompute
+from dssup.memory.profile import EagerProfile
 from dssup.memory.spec import ModelSpec
 
 __all__ = ["Ctx", "Term", "keep", "layer_terms", "stage_io_terms", "term"]
@@ -51,6 +52,7 @@ class Ctx:
     etp: int
     imbalance: float
     vocab: int
+    profile: EagerProfile | None = None  # eager implementation profile (replaces the terms)
 
 
 def term(name: str, group: str, value: float) -> Term:
@@ -60,6 +62,8 @@ def term(name: str, group: str, value: float) -> Term:
 
 def keep(group: str, recompute: Recompute) -> bool:
     """Whether a term of ``group`` stays stored under ``recompute``."""
+    if group.startswith("eager:"):  # eager profile terms are measured per recompute level
+        return group[6:] == recompute
     if recompute == "full":
         return group in FULL_KEEP
     if recompute == "selective":

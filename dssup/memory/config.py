@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dssup.errors import ConfigError
+from dssup.memory.profile import EagerProfile
 
 __all__ = [
     "Convention",
@@ -132,6 +133,11 @@ class Training(BaseModel):
     )
     offload_params: bool = Field(False, description="ZeRO-3 parameters in host memory")
     moe_imbalance: float = Field(1.0, ge=1.0, description="max/mean routed tokens per rank")
+    implementation: EagerProfile | None = Field(
+        None,
+        description="trace-derived eager-PyTorch profile (dssup calibrate); None = the "
+        "convention's activation model (Megatron kernels)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Training:

@@ -15,6 +15,7 @@ from functools import lru_cache
 from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_terms
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.defaults import Resolved
+from dssup.memory.profile import eager_constant, eager_terms
 from dssup.memory.spec import ModelSpec
 from dssup.memory.stages import StageParams, padded_vocab, partition, stage_params
 from dssup.memory.zero import ModelStates, model_states
@@ -38,6 +39,7 @@ def make_ctx(
         etp=layout.etp,
         imbalance=training.moe_imbalance,
         vocab=padded_vocab(m, layout.tp, conv),
+        profile=training.implementation,
     )
 
 
@@ -67,6 +69,10 @@ class PreparedStage:
 
 
 def _terms(c: Ctx, m: ModelSpec, sp: StageParams) -> tuple[Term, ...]:
+    if c.profile is not None:  # eager: measured per layer kind and recompute level
+        edge = sp.first or sp.last
+        found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
+        return tuple(Term(name, group, b) for name, group, b in found)
     sums: dict[tuple[str, str], int] = {}
     for moe_layer, count in ((True, sp.moe_layers), (False, sp.dense_layers)):
         if count:
@@ -130,11 +136,32 @@ def states(
     if t.zero_stage == 3:
         live = min(ov.zero3_max_live_parameters, st.params.largest_layer + ov.zero3_prefetch_bucket)
         ws = r.precision.weights * live
+    if t.implementation is not None:
+        return _eager_states(st, t, ms, ws)
     transient = r.optimizer_transient_per_param * ms.shard_params
     host = ms.host + (transient if t.offload_optimizer else 0)
     if t.offload_optimizer:
         transient = 0
     return States(ms, ms.weights + ms.gradients + ms.optimizer, ws, transient, host)
+
+
+def _eager_states(st: PreparedStage, t: Training, ms: ModelStates, ws: int) -> States:
+    """Eager PyTorch: gradients exist only from backward to the optimizer step (unless
+    accumulating), so in forward/backward they are not part of ``static``; they and the
+    optimizer temporaries make up the optimizer-step transient. Batch-independent saved bytes
+    (autocast weight copies, the head gradient at the backward peak) join the working set."""
+    p = t.implementation
+    assert p is not None  # checked by the caller; not input validation
+    grads_fb = 0 if (p.grads_freed_between_steps and t.grad_accum == 1) else ms.gradients
+    edge = st.params.first or st.params.last
+    sp = st.params
+    ws += eager_constant(p, sp.dense_layers, sp.moe_layers, edge, t.recompute)
+    opt_tmp = math.ceil(p.optimizer_transient_per_param * ms.shard_params)
+    host = ms.host + (opt_tmp if t.offload_optimizer else 0)
+    if t.offload_optimizer:
+        opt_tmp = 0
+    static = ms.weights + ms.optimizer + grads_fb
+    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host)
 
 
 def activations(per_sample: int, micro_batch: int, count: int, factor: float) -> tuple[int, int]:

@@ -1,0 +1,197 @@
+"""``dssup measure`` and ``dssup calibrate``: measured truth for the memory model, from the CLI.
+
+``measure`` runs real CPU steps (or FakeTensorMode traces) of the plain-PyTorch reference model
+and prints the allocator peak, its breakdown and its phase; with ``--calibration`` it also prints
+the estimator's prediction and the signed error. ``calibrate`` traces one layer of each kind of a
+model and writes the ``eager`` profile JSON the estimator uses. Both run the torch work in a child
+process (``python -m dssup.runtime.reference``) so this CLI never imports torch or the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dssup.cli.app import main
+from dssup.errors import ConfigError, DssupError
+from dssup.memory import Layout, Overheads, Precision, Training, estimate
+from dssup.memory.profile import EagerProfile
+from dssup.modelio import load_model
+
+__all__ = ["calibrate_cmd", "measure_cmd", "run_child"]
+
+_PRECISION = {
+    "fp32": Precision(weights=4, gradients=4, master=0, moments=4, activations=4),
+    "bf16": Precision(weights=2, gradients=2, master=0, moments=2, activations=2),
+    "amp": Precision(weights=4, gradients=4, master=0, moments=4, activations=2),
+}
+_NO_OVERHEADS = Overheads(comm_buffer_bytes=0, fragmentation=0.0, cuda_context_bytes=0)
+
+
+def run_child(command: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run ``python -m dssup.runtime.reference <command>`` on ``spec``; its JSON answer."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dssup.runtime.reference", command, "-"],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise DssupError(f"{command} failed (exit {proc.returncode}): {tail[0]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _spec(o: dict[str, Any]) -> dict[str, Any]:
+    model = load_model(o["model"])
+    if o["layers"] is not None:
+        if o["layers"] < 1:
+            raise ConfigError("layers", "must be at least 1", "use --layers 1 or more")
+        model = model.model_copy(update={"layers": o["layers"]})
+    return {
+        "model": model.model_dump(mode="json"),
+        "micro_batch": o.get("micro_batch", 1),
+        "seq_len": o["seq_len"],
+        "recompute": o.get("recompute", "none"),
+        "dtype": o["dtype"],
+        "optimizer": o["optimizer"],
+        "moe_routing": o["moe_routing"],
+        "capacity_factor": o["capacity_factor"],
+        "steps": o.get("steps", 2),
+    }
+
+
+def predict(spec: dict[str, Any], profile: EagerProfile) -> tuple[int, str]:
+    """The estimator's allocator peak and phase for a reference run (no device overheads)."""
+    model = load_model(spec["model"])
+    moe = model.moe is not None
+    imbalance = spec["capacity_factor"] if moe and spec["moe_routing"] == "capacity" else 1.0
+    training = Training(
+        micro_batch=spec["micro_batch"],
+        seq_len=spec["seq_len"],
+        recompute=spec["recompute"],
+        flash_attention=True,
+        dropout=False,
+        precision=_PRECISION[spec["dtype"]],
+        moe_imbalance=imbalance,
+        implementation=profile,
+    )
+    est = estimate(model, Layout(), training, _NO_OVERHEADS)
+    return est.peak.bytes.allocated, est.peak_phase
+
+
+def _common(fn: Any) -> Any:
+    options = [
+        click.option("--model", "-m", required=True, help="Preset name or config.json path."),
+        click.option("--layers", type=int, default=None, help="Override the layer count."),
+        click.option("--seq-len", type=int, default=128, show_default=True, help="Tokens/seq."),
+        click.option(
+            "--dtype", type=click.Choice(["fp32", "bf16", "amp"]), default="fp32", show_default=True
+        ),
+        click.option(
+            "--optimizer",
+            type=click.Choice(["foreach", "fused", "forloop"]),
+            default="foreach",
+            show_default=True,
+            help="AdamW implementation.",
+        ),
+        click.option(
+            "--moe-routing",
+            type=click.Choice(["capacity", "dropless"]),
+            default="capacity",
+            show_default=True,
+        ),
+        click.option("--capacity-factor", type=float, default=1.25, show_default=True),
+    ]
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+@main.command("measure")
+@_common
+@click.option("--micro-batch", "-b", type=int, default=1, show_default=True)
+@click.option(
+    "--recompute",
+    type=click.Choice(["none", "selective", "full"]),
+    default="none",
+    show_default=True,
+)
+@click.option("--steps", type=int, default=2, show_default=True, help="Optimizer steps measured.")
+@click.option(
+    "--mode",
+    type=click.Choice(["real", "fake"]),
+    default="real",
+    show_default=True,
+    help="real: CPU tensors, cross-checked with torch.profiler; fake: FakeTensorMode trace.",
+)
+@click.option(
+    "--calibration",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Eager profile JSON from `dssup calibrate`: also print prediction and error.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) -> None:
+    """Measure the allocator peak of reference training steps (needs torch).
+
+    \b
+    Example:
+      dssup measure --model llama-3-8b --layers 2 --seq-len 256 -b 2 --dtype amp
+    """
+    spec = _spec(o)
+    out = run_child(f"measure-{mode}", spec)
+    if calibration is not None:
+        profile = EagerProfile.model_validate_json(calibration.read_text())
+        pred, phase = predict(spec, profile)
+        out["predicted_bytes"], out["predicted_phase"] = pred, phase
+        out["error"] = (pred - out["peak_bytes"]) / out["peak_bytes"]
+    if as_json:
+        click.echo(json.dumps(out, separators=(",", ":")))
+        return
+    mib = 1 << 20
+    click.echo(
+        f"peak {out['peak_bytes'] / mib:.2f} MiB in {out['phase']} (step {out['step']}), "
+        f"{mode}, {out['seconds']:.1f} s"
+    )
+    for key, value in out["breakdown"].items():
+        if key != "Total":
+            click.echo(f"  {key:<11} {value / mib:10.2f} MiB")
+    if out.get("profiler_peak_bytes") is not None:
+        click.echo(f"  torch.profiler agrees: {out['profiler_peak_bytes'] / mib:.2f} MiB")
+    if "predicted_bytes" in out:
+        click.echo(
+            f"predicted {out['predicted_bytes'] / mib:.2f} MiB ({out['predicted_phase']}), "
+            f"error {out['error']:+.2%}"
+        )
+
+
+@main.command("calibrate")
+@_common
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write the eager profile JSON.",
+)
+def calibrate_cmd(out: Path, **o: Any) -> None:
+    """Trace one layer of each kind of a model and store its eager profile (needs torch).
+
+    \b
+    The traces run under FakeTensorMode at the model's full shapes (nothing is allocated), at
+    micro-batch 1 and 2, for every recompute level. Pass the JSON to `dssup measure
+    --calibration` or, in Python, as Training(implementation=EagerProfile(...)).
+    Example:
+      dssup calibrate --model deepseek-v2-lite --seq-len 4096 --dtype bf16 --out v2lite.json
+    """
+    profile = run_child("calibrate", _spec(o))
+    EagerProfile.model_validate(profile)
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    click.echo(f"eager profile written to {out}")

@@ -1,0 +1,168 @@
+"""Measured truth: the allocator peak of real reference training steps, and where it happens.
+
+``measure`` runs ``RunSpec.steps`` AdamW steps of the reference model under PyTorch's
+``MemTracker`` either for real on CPU (small shapes) or under ``FakeTensorMode`` (full shapes,
+nothing allocated). It records the peak bytes, the breakdown at the peak (parameters, gradients,
+optimizer state, activations, temporaries) and the phase holding it (forward, backward,
+optimizer step). A real run is cross-checked against an independent source, ``torch.profiler``
+memory events, and a disagreement raises ``MeasurementMismatch`` instead of being reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from dssup.errors import DssupError
+from dssup.runtime.reference.config import RunSpec
+from dssup.runtime.reference.crosscheck import live_bytes, profiler_peak
+from dssup.runtime.reference.model import ReferenceModel, build_model
+
+__all__ = ["Measurement", "MeasurementMismatch", "measure"]
+
+Phase = Literal["forward", "backward", "optimizer"]
+
+
+# Scalars the autograd engine and optimizer create outside the dispatch mode (a few bytes each)
+# are seen by the profiler only; anything beyond this is a real disagreement.
+TOLERANCE_BYTES = 4096
+
+
+class MeasurementMismatch(DssupError):
+    """MemTracker and torch.profiler disagree about a real run's peak: neither can be trusted."""
+
+
+class Measurement(BaseModel):
+    """One measured configuration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    run: RunSpec
+    mode: Literal["real", "fake"] = Field(description="real CPU tensors or FakeTensorMode")
+    peak_bytes: int = Field(description="allocator peak over all steps (MemTracker)")
+    phase: Phase = Field(description="phase of the step that holds the peak")
+    step: int = Field(description="1-based step that holds the peak")
+    breakdown: dict[str, int] = Field(description="bytes by MemTracker category at the peak")
+    profiler_peak_bytes: int | None = Field(
+        None, description="independent peak from torch.profiler memory events (real runs)"
+    )
+    seconds: float = Field(description="wall time of the measured steps")
+    phase_peaks: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="'step:phase' -> breakdown at that phase's own peak"
+    )
+
+
+class _PhaseTracker(MemTracker):  # type: ignore[no-untyped-call]
+    """MemTracker that remembers which phase and step were running when the peak rose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase: Phase = "forward"
+        self.step = 0
+        self.peak_at: tuple[Phase, int] = ("forward", 0)
+        self.phase_peaks: dict[str, dict[str, int]] = {}
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        before = dict(self._peak_mem)
+        super()._update_peak_stats(peak_state)
+        if self._peak_mem != before:
+            self.peak_at = (self.phase, self.step)
+        for snap in self._curr_mem_snap.values():
+            key = f"{self.step}:{self.phase}"
+            best = self.phase_peaks.get(key)
+            if best is None or snap["Total"] > best["Total"]:
+                self.phase_peaks[key] = {str(getattr(k, "value", k)): v for k, v in snap.items()}
+
+
+def _optimizer(run: RunSpec, model: ReferenceModel) -> torch.optim.Optimizer:
+    kind = {"foreach": {"foreach": True}, "fused": {"fused": True}, "forloop": {"foreach": False}}
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, **kind[run.optimizer])  # type: ignore[arg-type]
+
+
+def _steps(
+    run: RunSpec,
+    model: ReferenceModel,
+    opt: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    mt: _PhaseTracker,
+) -> None:
+    for i in range(1, run.steps + 1):
+        mt.step = i
+        mt.reset_mod_stats()
+        opt.zero_grad(set_to_none=True)
+        mt.phase = "forward"
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.dtype == "amp"):
+            loss = model(tokens)
+        mt.phase = "backward"
+        loss.backward()
+        del loss
+        mt.phase = "optimizer"
+        opt.step()
+
+
+@contextlib.contextmanager
+def _maybe_fake(fake: bool) -> Iterator[None]:
+    if not fake:
+        yield
+        return
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        yield
+
+
+def _tokens(run: RunSpec) -> torch.Tensor:
+    g = torch.Generator().manual_seed(run.seed + 1)
+    return torch.randint(0, run.model.vocab, (run.micro_batch, run.seq_len), generator=g)
+
+
+def measure(
+    run: RunSpec, mode: Literal["real", "fake"] = "real", cross_check: bool = True
+) -> Measurement:
+    """Peak, breakdown and phase of ``run.steps`` training steps (see the module docstring)."""
+    if mode == "fake" and run.moe_routing == "dropless" and run.model.moe is not None:
+        raise DssupError("dropless MoE has data-dependent shapes: measure it in real mode")
+    with _maybe_fake(mode == "fake"):
+        model = build_model(run)
+        opt = _optimizer(run, model)
+        tokens = (
+            _tokens(run)
+            if mode == "real"
+            else torch.randint(0, run.model.vocab, (run.micro_batch, run.seq_len))
+        )
+        mt = _PhaseTracker()
+        mt.track_external(model, opt, tokens)
+        start = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            prof = None
+            if mode == "real" and cross_check:
+                base = live_bytes(model, opt, tokens)
+                prof = stack.enter_context(profiler_peak())
+            with mt:
+                _steps(run, model, opt, tokens, mt)
+        seconds = time.perf_counter() - start
+    snap = mt.get_tracker_snapshot("peak")
+    dev = next(iter(snap.values()))
+    peak = dev["Total"]
+    breakdown = {str(k.value if hasattr(k, "value") else k): v for k, v in dev.items() if v}
+    prof_peak = None if prof is None else base + prof.peak()
+    if prof_peak is not None and abs(prof_peak - peak) > max(TOLERANCE_BYTES, peak // 10_000):
+        raise MeasurementMismatch(
+            f"MemTracker peak {peak} B but torch.profiler says {prof_peak} B for {run.model.name}"
+        )
+    phase, step = mt.peak_at
+    return Measurement(
+        run=run,
+        mode=mode,
+        peak_bytes=peak,
+        phase=phase,
+        step=step,
+        breakdown=breakdown,
+        profiler_peak_bytes=prof_peak,
+        seconds=seconds,
+        phase_peaks=mt.phase_peaks,
+    )
