@@ -104,16 +104,18 @@ class InMemoryCache:
             self._runtimes.pop((namespace if kind == "TrainingRuntime" else "", kind, name), None)
 
     def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
-        """The result of a fresh LIST: forget everything of ``kind`` first."""
-        if kind == "Node":
-            self._nodes = {}
-            self._gpu = None
-        elif kind == "ConfigMap":
-            self._config_maps = {}
-        else:
-            self._runtimes = {k: v for k, v in self._runtimes.items() if k[1] != kind}
+        """The result of a fresh LIST: build the new state aside, then swap it in (readers on
+        the event loop never see a half-filled cache)."""
+        fresh = InMemoryCache()
         for obj in objects:
-            self.upsert({**obj, "kind": kind})
+            fresh.upsert({**obj, "kind": kind})
+        if kind == "Node":
+            self._nodes, self._gpu = fresh._nodes, None
+        elif kind == "ConfigMap":
+            self._config_maps = fresh._config_maps
+        else:
+            kept = {k: v for k, v in self._runtimes.items() if k[1] != kind}
+            self._runtimes = {**kept, **fresh._runtimes}
 
     # -- read side --------------------------------------------------------------------------
     def synced(self) -> bool:

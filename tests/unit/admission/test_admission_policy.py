@@ -357,3 +357,35 @@ def test_elastic_policy_max_replicas_allows_growth_and_nnodes_forbids_it(policy)
         c = obj["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]
         c["command"] = ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "pretrain_gpt.py"]
     assert policy.judge(obj, "team-a", "mutate").code == "no-feasible-plan"
+
+
+def test_cache_replace_all_and_delete():
+    cache = cluster_cache()
+    assert cache.gpu_product("NVIDIA-H800").nodes == 2
+    assert cache.gpu_product("NVIDIA-L4-SHARED").replicas == 2
+    cache.replace_all(
+        "Node",
+        [
+            {
+                "metadata": {
+                    "name": "n",
+                    "labels": {
+                        "nvidia.com/gpu.product": "NVIDIA-H800",
+                        "nvidia.com/gpu.memory": "80000",
+                    },
+                }
+            }
+        ],
+    )
+    info = cache.gpu_product("NVIDIA-H800")
+    assert (info.nodes, info.memory_mib) == (1, 80000) and cache.gpu_product("NVIDIA-H200") is None
+    cache.delete("Node", "", "n")
+    assert cache.gpu_product("NVIDIA-H800") is None
+    assert (
+        cache.training_runtime("", "ClusterTrainingRuntime", "torch-distributed-h200") is not None
+    )
+    cache.replace_all("ClusterTrainingRuntime", [])
+    assert cache.training_runtime("", "ClusterTrainingRuntime", "torch-distributed-h200") is None
+    assert cache.config_map("team-a", "ds-config") is not None
+    cache.delete("ConfigMap", "team-a", "ds-config")
+    assert cache.config_map("team-a", "ds-config") is None
