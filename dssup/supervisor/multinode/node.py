@@ -167,7 +167,12 @@ class MultiNodeSupervisor(Supervisor):
 
     def _join(self, state: RunState) -> Decision:
         """The next generation this node takes part in (waiting out those it is left out of)."""
-        g = self.generation + 1 if self.generation else self.agreement.latest() + 1
+        latest = self.agreement.latest()
+        if not self.generation and latest:
+            doc = self.store.get(decision_key(latest))
+            if doc is not None and doc.get("action") == "end":
+                raise _Ended(Decision.model_validate(doc), state)  # the run is already over
+        g = self.generation + 1 if self.generation else latest + 1
         while True:
             d = self.agreement.wait_for(g)
             if d is None:
