@@ -74,15 +74,30 @@ def test_strict_validation_catches_a_broken_webhook():
 @pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed"
 )
-def test_kustomize_build_matches_the_assembled_overlay():
+@pytest.mark.parametrize("overlay", ["cert-manager", "cert-manager-prometheus"])
+def test_kustomize_build_matches_the_assembled_overlay(overlay):
     out = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / "k8s" / "overlays" / "cert-manager")],
+        ["kubectl", "kustomize", str(ROOT / "k8s" / "overlays" / overlay)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    built = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out) if d}
-    assert built == {(d["kind"], d["metadata"]["name"]) for d in _overlay()}
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    built = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    expected = {(d["kind"], d["metadata"]["name"]) for d in _overlay()}
+    if overlay.endswith("prometheus"):
+        expected.add(("ServiceMonitor", "dssup-webhook"))
+        monitor, svc = _one(docs, "ServiceMonitor"), _one(docs, "Service")
+        assert (
+            monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        )
+        assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert built == expected
+    hooks = _one(docs, "ValidatingWebhookConfiguration")
+    assert (
+        hooks["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        == "dssup-system/dssup-webhook-cert"
+    )
 
 
 def _hooks(docs):
