@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures" / "admis
 from admission_helpers import cluster_cache, load, review
 
 from dssup.admission import Adapter, Policy
+from dssup.admission.server import tune_gc
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -65,6 +66,7 @@ def main() -> None:
     )
     adapter = Adapter(Policy(cache))
     _loop(adapter, "validate", fits, 500)  # warm-up (imports, caches)
+    tune_gc()  # what `dssup webhook serve` does after start-up
     p99 = _report("warm validate, DeepSeek-V3 fits", _loop(adapter, "validate", fits, 20000))
     _report("warm mutate, DeepSeek-V3 fits (annotation)", _loop(adapter, "mutate", fits, 20000))
     _report("warm validate, DeepSeek-V3 deny + advice", _loop(adapter, "validate", resize, 5000))
