@@ -15,7 +15,7 @@ import time
 
 from dssup.admission.decision import Decision
 from dssup.admission.policy import Mode, Policy
-from dssup.admission.wire import AdmissionRequest, parse_review, response_document
+from dssup.admission.wire import AdmissionRequest, dumps, parse_review, response_document
 from dssup.errors import MalformedReview
 from dssup.obs.metrics import Metrics, NullMetrics
 
@@ -58,7 +58,7 @@ class Adapter:
             out = self._encode(req, decision, mode, start)
         except Exception:  # never a 5xx: answer a plain allow and log why
             log.exception("answering failed", extra={"uid": req.uid})
-            out = json.dumps(response_document(req.uid, True)).encode()
+            out = dumps(response_document(req.uid, True))
         return 200, out
 
     def _encode(self, req: AdmissionRequest, decision: Decision, mode: Mode, start: float) -> bytes:
@@ -71,7 +71,7 @@ class Adapter:
             message=decision.message,
             audit=decision.audit,
         )
-        out = json.dumps(doc, separators=(",", ":")).encode()
+        out = dumps(doc)
         patched = decision.allowed and bool(decision.patch) and mode == "mutate"
         verdict = "denied" if not decision.allowed else "patched" if patched else "allowed"
         self.metrics.admission_request(

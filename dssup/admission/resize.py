@@ -25,6 +25,7 @@ from dssup.admission.patch import Change, annotation_ops, expressible, render
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import read_sources
 from dssup.admission.view import PodSetView
+from dssup.admission.wire import copy_json
 from dssup.errors import ConfigError
 from dssup.memory import Candidate, Estimate, Layout, PlanRequest, PlanResult, plan
 
@@ -117,7 +118,7 @@ def _verify(
 ) -> bool:
     """Re-read the patched object: it must state exactly the candidate and the same global batch."""
     try:
-        patched = apply_ops(json.loads(json.dumps(obj)), ops)  # a copy; faster than deepcopy
+        patched = apply_ops(copy_json(obj), ops)
         view = normalise(patched, evaluator.cache, ev.view.namespace)
         cfg = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
     except (PatchError, ConfigError, Incomplete):

@@ -16,12 +16,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from dssup.errors import MalformedReview
 
 __all__ = [
     "API_VERSION",
     "AdmissionRequest",
+    "copy_json",
+    "dumps",
     "encode_patch",
+    "loads",
     "parse_review",
     "response_document",
 ]
@@ -29,6 +34,28 @@ __all__ = [
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
+
+def loads(body: bytes | str) -> Any:
+    """orjson (half the time of json) with the standard library as the fallback for what orjson
+    refuses (integers beyond 64 bits); raises ``ValueError`` for text that is not JSON."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+
+
+def dumps(doc: Any) -> bytes:
+    """Compact JSON bytes (orjson; the standard library for what orjson refuses)."""
+    try:
+        return orjson.dumps(doc)
+    except TypeError:
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def copy_json(doc: Any) -> Any:
+    """A deep copy of JSON data, several times faster than ``copy.deepcopy``."""
+    return loads(dumps(doc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +97,7 @@ def parse_review(body: bytes | str | Mapping[str, Any]) -> AdmissionRequest:
         doc: Any = body
     else:
         try:
-            doc = json.loads(body)
+            doc = loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise MalformedReview(f"body is not JSON: {exc}") from None
     if not isinstance(doc, Mapping):

@@ -94,3 +94,13 @@ def test_minimal_allow():
         "kind": "AdmissionReview",
         "response": {"uid": "u", "allowed": True},
     }
+
+
+def test_json_helpers_fall_back_for_what_orjson_refuses():
+    from dssup.admission.wire import copy_json, dumps, loads
+
+    big = {"n": 2**70, "s": "é"}
+    assert loads(dumps(big)) == big and copy_json(big) == big and copy_json(big) is not big
+    assert loads(b'{"x": NaN}')["x"] != 0  # the standard library accepts what orjson rejects
+    with pytest.raises(ValueError):
+        loads(b"{oops")
