@@ -49,16 +49,20 @@ def phase_peaks(meas: Measurement) -> tuple[int, int, int]:
 
 
 def _point(run: RunSpec, b: int, params: int) -> tuple[int, bool, float]:
-    """(fwd/bwd residual over W + O, activation-dominated?, optimizer bytes per param)."""
+    """(fwd/bwd residual over W + O, activation-dominated?, optimizer bytes per param).
+
+    One step is traced: AdamW creates its state lazily in the first step, so the first
+    forward/backward holds exactly what a steady-state one holds minus O (added back here), and
+    the first optimizer step allocates exactly the steady-state states plus temporaries."""
     prec = precision_of(run.dtype)
-    meas = measure(run.model_copy(update={"micro_batch": b, "steps": 2}), "fake")
+    meas = measure(run.model_copy(update={"micro_batch": b, "steps": 1}), "fake")
     fb, grads, opt = phase_peaks(meas)
     # Activation regime: the peak is at the start of backward, before most gradients exist.
     # At tiny micro-batches it moves to the end of backward (gradient-dominated), where the
     # optimizer-step peak covers it; those points say nothing about activations.
     activation_regime = grads < params * prec.gradients // 2
     step = opt - params * (prec.weights + prec.gradients + prec.optimizer)
-    return fb - params * (prec.weights + prec.optimizer), activation_regime, step / params
+    return fb - params * prec.weights, activation_regime, step / params
 
 
 def _residuals(run: RunSpec, dense: int, moe: int) -> tuple[int, int, int, float]:

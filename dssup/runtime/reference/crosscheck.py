@@ -16,7 +16,9 @@ import torch
 from torch import nn
 from torch._C._profiler import _EventType
 
-__all__ = ["ProfiledPeak", "live_bytes", "profiler_peak"]
+__all__ = ["SENTINEL_BYTES", "ProfiledPeak", "live_bytes", "profiler_peak"]
+
+SENTINEL_BYTES = 7919  # an odd size no tensor of a model step has
 
 
 def live_bytes(model: nn.Module, opt: torch.optim.Optimizer, *extra: torch.Tensor) -> int:
@@ -51,8 +53,9 @@ class ProfiledPeak:
             stack.extend(e.children)
         if not events:
             return 0
-        events.sort()
-        offset = events[0][2] - events[0][1]
+        # The sentinel allocated right after the profiler started marks the counter's offset.
+        sentinel = [total - size for _, size, total in events if size == SENTINEL_BYTES]
+        offset = sentinel[0] if sentinel else min(total - size for _, size, total in events)
         return max(0, max(total for _, _, total in events) - offset)
 
 
@@ -61,4 +64,6 @@ def profiler_peak() -> Iterator[ProfiledPeak]:
     """Profile CPU memory events for the duration of the block."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        sentinel = torch.empty(SENTINEL_BYTES, dtype=torch.uint8)
+        del sentinel
         yield ProfiledPeak(prof)

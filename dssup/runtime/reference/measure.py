@@ -11,6 +11,7 @@ memory events, and a disagreement raises ``MeasurementMismatch`` instead of bein
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -126,6 +127,9 @@ def measure(
     """Peak, breakdown and phase of ``run.steps`` training steps (see the module docstring)."""
     if mode == "fake" and run.moe_routing == "dropless" and run.model.moe is not None:
         raise DssupError("dropless MoE has data-dependent shapes: measure it in real mode")
+    # Garbage of an earlier run freed during this one would lower the profiler's running total
+    # (it knows those blocks) without MemTracker ever having seen them: collect it first.
+    gc.collect()
     with _maybe_fake(mode == "fake"):
         model = build_model(run)
         opt = _optimizer(run, model)
