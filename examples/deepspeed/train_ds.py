@@ -158,8 +158,20 @@ def batch_for(step: int, micro: int, args_ns: Any, engine: Any, data: Any) -> An
     mb, dp = engine.train_micro_batch_size_per_gpu(), engine.dp_world_size
     start = step * engine.train_batch_size() + (micro * dp + dist.get_rank()) * mb
     x, y = data
+    x = x[start : start + mb]
+    tokens = tokens_at(args_ns, step)
+    if tokens > 1:  # each sample as a sequence: activations grow with the token count
+        x = x[:, None, :] * (1 + torch.arange(tokens) / tokens)[None, :, None]
     dev = engine.device
-    return x[start : start + mb].to(dev), y[start : start + mb].to(dev)
+    return x.to(dev), y[start : start + mb].to(dev)
+
+
+def tokens_at(args: Any, step: int) -> int:
+    """Tokens per sample at optimizer step ``step`` (0-based): longer from ``--long-from-step``,
+    the usual way a job that started fine runs out of memory later."""
+    if args.long_tokens and step >= args.long_from_step:
+        return int(args.long_tokens)
+    return int(args.tokens)
 
 
 def train_step(engine: Any, step: int, args: Any, data: Any) -> float:
@@ -168,8 +180,9 @@ def train_step(engine: Any, step: int, args: Any, data: Any) -> float:
     dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
     for micro in range(engine.gradient_accumulation_steps()):
         x, y = batch_for(step, micro, args, engine, data)
-        pred = engine(x.to(dtype))
-        loss = torch.nn.functional.mse_loss(pred.float(), y)
+        pred = engine(x.to(dtype)).float()
+        pred = pred.mean(-1) if pred.dim() == 2 else pred  # mean over tokens
+        loss = torch.nn.functional.mse_loss(pred, y)
         engine.backward(loss)
         engine.step()
         total += loss.detach().double().cpu()
@@ -188,6 +201,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--tokens", type=int, default=1, help="tokens per sample")
+    ap.add_argument("--long-tokens", type=int, default=0, help="tokens from --long-from-step")
+    ap.add_argument("--long-from-step", type=int, default=0, help="0-based optimizer step")
     ap.add_argument("--mem-cap-mb", type=int, default=0, help="address-space budget after init")
     ap.add_argument("--dump-after-load", type=Path, default=None, help="torch.save full state")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -281,7 +297,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.save_dir and args.save_every and engine.global_steps % args.save_every == 0:
             engine.save_checkpoint(str(args.save_dir), tag=f"global_step{engine.global_steps}")
             emit("saved", tag=f"global_step{engine.global_steps}", dir=str(args.save_dir))
-    emit("memory", vm_base=vm_base, vm_init_peak=vm_init_peak, vm_peak=vm_bytes("VmPeak"), rss_peak=vm_bytes("VmHWM"))
+    emit(
+        "memory",
+        vm_base=vm_base,
+        vm_init_peak=vm_init_peak,
+        vm_peak=vm_bytes("VmPeak"),
+        rss_peak=vm_bytes("VmHWM"),
+    )
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -46,7 +46,8 @@ def _attempts_before(attempt_dir: Path) -> list[Path]:
 
 
 def assess_attempt(attempt_dir: Path, **tolerances: float) -> ContinuityRecord | None:
-    """The continuity record of an attempt that resumed from a checkpoint; None otherwise."""
+    """The continuity record of an attempt that resumed from a checkpoint and ran at least one
+    step; None otherwise."""
     resume_file = attempt_dir / "ds_resume.json"
     if not resume_file.is_file():
         return None
@@ -56,6 +57,9 @@ def assess_attempt(attempt_dir: Path, **tolerances: float) -> ContinuityRecord |
     before: dict[int, LossPoint] = {}
     for prev in _attempts_before(attempt_dir):
         before |= {p.step: p for p in attempt_losses(prev)}
+    after = attempt_losses(attempt_dir)
+    if not after:
+        return None  # the attempt died before a new step: nothing to judge (its failure is)
     config_file = attempt_dir / "ds_config.json"
     batch = (
         json.loads(config_file.read_text()).get("train_batch_size")
@@ -64,7 +68,7 @@ def assess_attempt(attempt_dir: Path, **tolerances: float) -> ContinuityRecord |
     )
     record = check_continuity(
         list(before.values()),
-        attempt_losses(attempt_dir),
+        after,
         int(resume.get("global_steps", 0)),
         checkpoint_samples=resume.get("global_samples"),
         global_batch=batch if isinstance(batch, int) else None,
