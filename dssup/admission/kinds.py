@@ -23,7 +23,16 @@ _EMPTY: Mapping[str, Any] = {}
 Reader = Callable[[Mapping[str, Any], str, ClusterCache, list[str]], list[PodSetView]]
 
 
+_SCALARS = frozenset({str, int, float, bool, list, type(None)})
+_STR_ONLY = frozenset({str})
+
+
 def _map(value: Any) -> Mapping[str, Any]:
+    kind = type(value)
+    if kind is dict:  # the common case, without the (slow) ABC check
+        return value  # type: ignore[no-any-return]
+    if kind in _SCALARS:
+        return _EMPTY
     return value if isinstance(value, Mapping) else _EMPTY
 
 
@@ -42,7 +51,12 @@ def _int(value: Any, default: int) -> int:
 
 
 def _strs(value: Any) -> tuple[str, ...]:
-    return tuple(str(v) for v in _list(value) if isinstance(v, (str, int, float)))
+    items = _list(value)
+    if set(map(type, items)) <= _STR_ONLY:  # the common case: a list of strings
+        return tuple(items)
+    return tuple(
+        str(v) for v in items if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+    )
 
 
 def _gpus(container: Mapping[str, Any]) -> int:

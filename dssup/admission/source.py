@@ -16,12 +16,13 @@ from typing import Any
 from dssup.admission.argv import Hit, find
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES, all_names
-from dssup.admission.view import ContainerView, JobView, PodSetView
+from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView
 from dssup.errors import ConfigError
 
 __all__ = ["Found", "Sources", "positive", "read_sources", "switch"]
 
 _ALL = all_names()
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -43,6 +44,7 @@ class Sources:
     deepspeed: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    _envs: dict[str, EnvVar] | None = None
 
     def flag(self, names: frozenset[str]) -> Hit | None:
         for name in names:
@@ -54,11 +56,21 @@ class Sources:
     def has(self, names: frozenset[str]) -> bool:
         return any(self.flags.get(n) for n in names)
 
+    def _env_index(self) -> dict[str, EnvVar]:
+        if self._envs is None:
+            self._envs = {}
+            for _, c in self.containers:
+                for var in c.env:
+                    self._envs.setdefault(var.name, var)
+        return self._envs
+
     def env(self, knob: str, cache: ClusterCache) -> Found | None:
-        for _, c in self.containers:
-            for var in c.env:
-                if var.name not in ENV.get(knob, ()):
-                    continue
+        index = self._env_index()
+        if not index:
+            return None
+        for name in ENV.get(knob, ()):
+            var = index.get(name)
+            if var is not None:
                 if var.value is not None:
                     return Found(var.value, "env", f"env {var.name}")
                 if var.config_map:
@@ -76,7 +88,7 @@ class Sources:
         if annotation and annotation in self.view.annotations:
             return Found(self.view.annotations[annotation], "annotation", annotation)
         for origin, table in (("megatron", MEGATRON), ("hf", HF)):
-            hit = self.flag(table.get(knob, frozenset()))
+            hit = self.flag(table.get(knob, _NO_NAMES))
             if hit is not None and hit.value is not None:
                 return Found(hit.value, origin, hit.flag)
         found = self.env(knob, cache)
