@@ -247,3 +247,31 @@ def test_every_kind_is_denied_without_mutation_and_resized_with_it(client, make)
     resized = client.admit(make())
     assert resized.allowed and resized.patches == 1
     assert "dssup.io/resized-to" in resized.obj["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: load("pytorchjob-dsv3-resize.yaml"),
+        lambda: load("trainjob-qwen2-hf.yaml"),
+        _jobset_too_big,
+        lambda: load("job-annotations.yaml"),
+        lambda: load("pod-shell.yaml"),
+    ],
+    ids=["PyTorchJob", "TrainJob", "JobSet", "Job", "Pod"],
+)
+def test_every_kind_update_delete_dry_run_generate_name(client, make):
+    admitted = client.admit(make())
+    assert admitted.allowed and admitted.patches == 1
+    breaking = client.admit(make(), "UPDATE", old=admitted.obj, mutate_path=None)
+    assert not breaking.allowed and breaking.code == 403
+    unchanged = client.admit(admitted.obj, "UPDATE", old=admitted.obj)
+    assert unchanged.allowed and unchanged.patches == 0
+    gone = client.admit(None, "DELETE", old=admitted.obj)
+    assert gone.allowed and gone.patches == 0
+    dry = client.admit(make(), dry_run=True)
+    assert dry.allowed and dry.obj == admitted.obj
+    anon = make()
+    anon["metadata"]["generateName"] = anon["metadata"].pop("name") + "-"
+    named = client.admit(anon)
+    assert named.allowed and named.patches == 1
