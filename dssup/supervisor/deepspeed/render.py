@@ -33,6 +33,7 @@ _WHY = {
     "zero_optimization.offload_param.device": "parameters offloaded (ZeRO-3)",
     "activation_checkpointing.number_checkpoints": "activation recompute",
     "checkpoint.load_universal": "resume from a universal checkpoint",
+    "zero_force_ds_cpu_optimizer": "offload with the script's own optimizer",
 }
 
 
@@ -88,6 +89,11 @@ def _targets(plan: DeepSpeedPlan, raw: dict[str, Any]) -> dict[str, Any]:
         out[ac_key] = _get(raw, ac_key) or 1
     elif _get(raw, ac_key):
         out[ac_key] = None
+    # No optimizer section: the script passes its own (torch) optimizer, which DeepSpeed
+    # refuses to offload unless told it may ("zero_force_ds_cpu_optimizer").
+    own_optimizer = "optimizer" not in raw and "zero_force_ds_cpu_optimizer" not in raw
+    if plan.offload_optimizer != "none" and own_optimizer:
+        out["zero_force_ds_cpu_optimizer"] = False
     if plan.load_universal or _get(raw, "checkpoint.load_universal") is not None:
         out["checkpoint.load_universal"] = plan.load_universal
     return out

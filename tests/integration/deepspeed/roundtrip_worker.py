@@ -31,13 +31,16 @@ import torch.distributed as dist  # noqa: E402
 import train_ds  # noqa: E402  (sets DS_ACCELERATOR before deepspeed is imported)
 
 from dssup.supervisor.deepspeed.ckpt_info import read_checkpoint  # noqa: E402
+from dssup.supervisor.deepspeed.config import derive_plan  # noqa: E402
 from dssup.supervisor.deepspeed.convert import prepare_resume  # noqa: E402
+from dssup.supervisor.deepspeed.render import render_config  # noqa: E402
 
 GB = 8
 ARGS = train_ds.parse_args(["--deepspeed_config", "unused", "--steps", "3"])
 
 
-def ds_config(stage: int, universal: bool = False) -> dict[str, Any]:
+def ds_config(stage: int, universal: bool = False, offload: str = "none") -> dict[str, Any]:
+    """The user's JSON, or (with offload) the one dssup's renderer writes for that plan."""
     dp = dist.get_world_size()
     cfg: dict[str, Any] = {
         "train_batch_size": GB,
@@ -48,15 +51,23 @@ def ds_config(stage: int, universal: bool = False) -> dict[str, Any]:
     }
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
+    if offload != "none":
+        plan = derive_plan(cfg, dp).model_copy(
+            update={
+                "offload_optimizer": "cpu",
+                "offload_param": "cpu" if offload == "all" else "none",
+            }
+        )
+        cfg, _ = render_config(cfg, plan)
     return cfg
 
 
-def engine_at(stage: int, universal: bool = False) -> Any:
+def engine_at(stage: int, universal: bool = False, offload: str = "none") -> Any:
     torch.manual_seed(train_ds.MODEL_SEED)
     model = train_ds.TinyNet(ARGS.d_in, ARGS.width, ARGS.depth)
     opt = torch.optim.AdamW(model.parameters(), lr=ARGS.lr, weight_decay=0.01)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=opt, config=ds_config(stage, universal)
+        model=model, optimizer=opt, config=ds_config(stage, universal, offload)
     )
     return engine
 
@@ -103,13 +114,15 @@ def load_and_check(
     control: float,
     data: Any,
     force: bool = False,
+    offload: str = "none",
 ) -> dict[str, Any]:
     resume = convert_on_rank0(save, stage, cache, force)
-    engine = engine_at(stage, universal=resume["load_universal"])
+    engine = engine_at(stage, universal=resume["load_universal"], offload=offload)
     engine.load_checkpoint(resume["load_dir"])
     result = compare(ref, train_ds.full_state(engine))
     result |= {"case": name, "resume": resume, "control_loss": control}
     result |= {"global_steps": engine.global_steps, "global_samples": engine.global_samples}
+    result["engine"] = train_ds.engine_report(engine, engine.module)
     result["loss"] = train_ds.train_step(engine, 2, ARGS, data)
     return result
 
@@ -130,6 +143,15 @@ def phase_stages(work: Path, data: Any) -> list[dict[str, Any]]:
         save = work / f"ckpt-z{src}-dp2"
         case = f"stage {src}->{dst}" + (" (forced universal)" if force else "")
         results.append(load_and_check(case, dst, save, work / "cache", ref, control, data, force))
+    # the JSON dssup writes for offload, and a converted checkpoint loaded into it
+    for offload, dst in (("optimizer", 2), ("all", 3)):
+        ref, control = saved[1]
+        case = f"stage 1->{dst} + offload {offload}"
+        results.append(
+            load_and_check(
+                case, dst, work / "ckpt-z1-dp2", work / "cache", ref, control, data, offload=offload
+            )
+        )
     save_reference(work / "ref-z2-dp2.pt", *train_and_save(2, work / "ckpt-z2-dp2", data))
     return results
 

@@ -1,7 +1,8 @@
 """Checkpoint conversion round-trips with real DeepSpeed under torchrun on CPU (gloo).
 
-Three launches (about a minute here) cover stage 1→2 (native and forced universal), 1→3, 2→3,
-3→1, 0→3 at two ranks, then DP 2→1 and DP 1→2. For every case: fp32 weights and both Adam
+Three launches (about a minute and a half here) cover stage 1→2 (native and forced universal),
+1→3, 2→3, 3→1, 0→3 at two ranks, 1→2 and 1→3 into engines whose JSON dssup rewrote for
+optimizer (and parameter) offload, then DP 2→1 and DP 1→2. For every case: fp32 weights and both Adam
 moments of every parameter are bit-identical after the load to what was saved, the step and
 sample counters are restored, and the next step's loss equals the loss of the engine that
 saved the checkpoint and simply went on (the unconverted control).
@@ -29,6 +30,12 @@ EXPECTED = {
     "stage 0->3": "universal",
     "dp 2->1 (stage 2)": "universal",
     "dp 1->2 (stage 1)": "universal",
+    "stage 1->2 + offload optimizer": "direct",
+    "stage 1->3 + offload all": "universal",
+}
+OFFLOAD = {  # what the engine reports after loading with the JSON dssup wrote
+    "stage 1->2 + offload optimizer": ("cpu", "none"),
+    "stage 1->3 + offload all": ("cpu", "cpu"),
 }
 
 
@@ -58,6 +65,13 @@ def test_state_and_next_loss_survive(results: dict[str, dict[str, Any]], case: s
     assert r["moments_equal"], r["mismatch"]
     assert (r["global_steps"], r["global_samples"]) == (2, 16)
     assert r["loss"] == r["control_loss"]
+
+
+@pytest.mark.parametrize("case", list(OFFLOAD))
+def test_offload_reaches_the_engine(results: dict[str, dict[str, Any]], case: str) -> None:
+    engine = results[case]["engine"]
+    assert (engine["offload_optimizer"], engine["offload_param"]) == OFFLOAD[case]
+    assert engine["zero_stage"] == int(case.split("->")[1][0])
 
 
 def test_conversion_never_touches_the_source(results: dict[str, dict[str, Any]]) -> None:

@@ -49,7 +49,7 @@ def test_user_keys_survive_and_changes_are_explained() -> None:
         "zero_optimization.stage": (1, 3),
         "zero_optimization.offload_optimizer.device": (None, "cpu"),
         "activation_checkpointing.number_checkpoints": (None, 1),
-    }
+    }  # USER has an optimizer section: DeepSpeed builds its CPU Adam, nothing else to allow
     assert all(c.why for c in changes)
     assert USER["zero_optimization"]["stage"] == 1  # the input is not mutated
 
@@ -127,3 +127,13 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     write_json_atomic(target, {"a": 2})
     assert json.loads(target.read_text()) == {"a": 2}
     assert [p.name for p in target.parent.iterdir()] == ["ds_config.json"]
+
+
+def test_offload_with_the_scripts_own_optimizer_is_allowed_explicitly() -> None:
+    raw = {k: v for k, v in USER.items() if k != "optimizer"}
+    plan = derive_plan(raw, dp=2).model_copy(update={"offload_optimizer": "cpu"})
+    new, changes = render_config(raw, plan)
+    assert new["zero_force_ds_cpu_optimizer"] is False
+    assert "zero_force_ds_cpu_optimizer" in {c.key for c in changes}
+    user_set = {**raw, "zero_force_ds_cpu_optimizer": True}  # the user's choice stands
+    assert render_config(user_set, plan)[0]["zero_force_ds_cpu_optimizer"] is True
