@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -59,13 +60,26 @@ def dssup_once(tmp: Path) -> dict[str, float]:
     }
 
 
-def torchrun_max_restarts(tmp: Path, restarts: int = 3) -> dict[str, float | int]:
-    env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "tr-death"), "BENCH_MB": "8"}
+def torchrun_max_restarts(tmp: Path, restarts: int = 3, timeout: float = 300) -> dict[str, Any]:
+    """torchrun's own restarts. Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, torch 2.13's
+    restarted workers hung in init_process_group here (seen: 11 minutes), so it is set."""
+    env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "tr-death"), "BENCH_MB": "8",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # fmt: skip
     t0 = time.time()
-    res = subprocess.run([*TORCHRUN, "--max-restarts", str(restarts), WORKER], env=env,
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.Popen([*TORCHRUN, "--max-restarts", str(restarts), WORKER], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        code: int | str = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun stops its workers (they live in sessions of their own)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+        code = f"hung after {timeout:.0f} s"
     deaths = sorted(tmp.glob("tr-death.*"))
-    return {"exit_code": res.returncode, "oom_deaths": len(deaths), "total_s": time.time() - t0}
+    return {"exit_code": code, "oom_deaths": len(deaths), "total_s": time.time() - t0}
 
 
 ACCELERATE_CHILD = r"""
@@ -124,7 +138,10 @@ def main() -> None:
     for i in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(dssup_once(Path(tmp)))
-        print(f"dssup run {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items()))
+        print(
+            f"dssup run {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items()),
+            flush=True,
+        )
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     with tempfile.TemporaryDirectory() as tmp:
         tr = torchrun_max_restarts(Path(tmp))

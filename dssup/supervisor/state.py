@@ -46,9 +46,8 @@ class RunState:
             return
         if failure.kind.is_oom:
             self.tried.add(plan.key())
-        self.transient_in_row = (
-            self.transient_in_row + 1 if failure.kind == FailureKind.TRANSIENT else 0
-        )
+        retried = failure.kind in {FailureKind.TRANSIENT, FailureKind.COMM}
+        self.transient_in_row = self.transient_in_row + 1 if retried else 0
         advanced = step is not None and (self.best_step is None or step > self.best_step)
         self.no_progress = 0 if advanced else self.no_progress + 1
         if advanced:

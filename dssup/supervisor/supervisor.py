@@ -35,6 +35,9 @@ from dssup.supervisor.state import RunState, replay
 __all__ = ["RunOutcome", "Supervisor"]
 
 log = logging.getLogger(__name__)
+# Retried as they are (same plan), with backoff: unknown failures, and communication failures
+# whose root cause was not seen here (on another node, or a network blip).
+_RETRIED = frozenset({FailureKind.TRANSIENT, FailureKind.COMM})
 
 
 @dataclass
@@ -145,7 +148,7 @@ class Supervisor:
                     "gave-up",
                     f"{state.no_progress} attempts in a row without progress",
                 )
-            if failure.kind == FailureKind.TRANSIENT:
+            if failure.kind in _RETRIED:
                 return self._end(
                     journal,
                     state,
@@ -214,7 +217,7 @@ class Supervisor:
             retry=retry_if_result(
                 lambda r: (
                     r.failure is not None
-                    and r.failure.kind == FailureKind.TRANSIENT
+                    and r.failure.kind in _RETRIED
                     and self._signal is None
                     and state.no_progress < self.config.max_no_progress
                 )

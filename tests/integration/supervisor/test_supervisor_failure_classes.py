@@ -112,8 +112,11 @@ def test_teardown_abort_after_completion_is_success(tmp_path):
 
 def test_unknown_failure_is_retried_with_backoff(tmp_path):
     run = tmp_path / "run"
+    metrics = tmp_path / "dssup.prom"
     res = dssup_run(
         run,
+        "--metrics-textfile",
+        str(metrics),
         "--",
         "torchrun",
         "--standalone",
@@ -128,6 +131,10 @@ def test_unknown_failure_is_retried_with_backoff(tmp_path):
     assert retry["action"] == "retry" and "backoff" in retry["reason"]
     assert of(rec, "attempt-started")[0]["plan"] == of(rec, "attempt-started")[1]["plan"]
     assert token_processes(of(rec, "run-started")[0]["run_id"] + "/") == []
+    prom = metrics.read_text()
+    assert 'dssup_supervisor_attempts_total{failure_kind="transient"} 1.0' in prom
+    assert 'dssup_supervisor_attempts_total{failure_kind="success"} 1.0' in prom
+    assert "dssup_supervisor_recovery_seconds_count 1.0" in prom
 
 
 @pytest.mark.skipif(memory_cgroup() is None, reason="needs a writable cgroup v1 memory hierarchy")
@@ -155,3 +162,16 @@ def test_kernel_oom_killer_is_a_host_oom_and_is_remedied(tmp_path):
     assert first["failure"]["kind"] == "host-oom" and first["failure"]["signature"] == "oom-killer"
     assert first["failure"]["signal"] == 9 and first["oom_kills"] >= 1
     assert of(rec, "attempt-started")[1]["plan"]["micro_batch"] == 4
+
+
+def test_stops_after_attempts_without_progress(tmp_path):
+    run = tmp_path / "run"
+    res = dssup_run(
+        run, *BATCH, "--max-no-progress", "2", "--", "torchrun", "--standalone",
+        "--nproc-per-node", "2", str(WORKERS / "cuda_oom.py"), env={"OOM_ABOVE": "0"},
+    )  # fmt: skip
+    rec = journal(run)
+    assert res.returncode == 1
+    assert _kinds(rec) == ["cuda-oom", "cuda-oom"]
+    assert "2 attempts in a row without progress" in of(rec, "run-ended")[0]["reason"]
+    assert "gave-up after 2 attempt(s)" in res.stdout

@@ -56,3 +56,28 @@ def test_error_file_formats(tmp_path):
 def test_last_exception_line():
     tail = "Traceback...\n[rank1]:   File x\n[rank1]: ValueError: bad plan\n"
     assert last_exception(tail) == "ValueError: bad plan"
+
+
+def test_only_cascades_means_the_root_cause_was_not_seen_here():
+    from dssup.supervisor.classify import classify
+    from dssup.supervisor.evidence import AttemptEvidence, RankEvidence
+    from dssup.supervisor.models import FailureKind
+
+    peer = RankEvidence(
+        local_rank=0,
+        rank=0,
+        exit_code=1,
+        sources=["error-file"],
+        message="RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:1",
+    )
+    ev = AttemptEvidence(
+        exit_code=1,
+        ranks={0: peer},
+        root_cause=None,
+        console_tail="",
+        done_ranks=set(),
+        world_size=16,
+    )
+    failure = classify(ev)
+    assert failure.kind == FailureKind.COMM and failure.retryable
+    assert any("root cause unseen" in e for e in failure.evidence)

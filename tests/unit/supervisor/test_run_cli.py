@@ -98,3 +98,53 @@ def test_indivisible_global_batch_is_refused():
 def test_status_of_a_missing_run_is_a_usage_error(tmp_path):
     res = CliRunner().invoke(main, ["status", str(tmp_path)])
     assert res.exit_code == 2 and "no journal" in res.output
+
+
+def test_model_flag_puts_the_memory_model_on_the_ladder(tmp_path):
+    from dssup.cli.run import build_supervisor
+    from dssup.supervisor.adapters import BUILTIN_CAPABILITIES, RemedyContext
+    from dssup.supervisor.modelplan import ModelStep
+    from dssup.supervisor.models import Failure, FailureKind
+
+    o = {
+        "run_dir": tmp_path / "r",
+        "model": "llama-3-8b",
+        "gpu_memory": "80GiB",
+        "global_batch_size": 256,
+        "zero_stage": 1,
+        "micro_batch_size": 4,
+        "seq_len": 4096,
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "ep": 1,
+        "margin": 0.05,
+        "device": "cuda",
+        "quiet": True,
+    }
+    sup = build_supervisor(["torchrun", "--nproc-per-node", "8", "t.py"], o)
+    assert any(isinstance(s, ModelStep) for s in sup.planner.steps)
+    plan = sup.config.initial_plan
+    assert (plan.micro_batch, plan.grad_accum, plan.dp) == (4, 8, 8)
+    oom = Failure(kind=FailureKind.CUDA_OOM, tried_to_allocate=4 << 30, in_use_bytes=79 << 30)
+    remedy = sup.planner.decide(
+        oom, plan, RemedyContext(frozenset({plan.key()}), BUILTIN_CAPABILITIES, "cuda")
+    )
+    assert remedy.step == "memory-model" and remedy.plan.global_batch == 256
+
+
+def test_model_without_gpu_memory_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--model",
+            "llama-3-8b",
+            "--",
+            "torchrun",
+            "t.py",
+        ],
+    )
+    assert res.exit_code == 2 and "--gpu-memory" in res.output
