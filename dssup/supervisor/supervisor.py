@@ -156,7 +156,7 @@ class Supervisor:
                     f"transient failures: {self.config.transient_retries} retries used",
                 )
             if not self._remedy(journal, state, failure):
-                return self._end(journal, state, "gave-up", f"no remedy left for {failure.kind}")
+                return self._end(journal, state, "gave-up", _no_remedy_reason(failure, state.plan))
 
     def planner_calibration(self, state: RunState) -> None:
         for step in self.planner.steps:
@@ -172,7 +172,7 @@ class Supervisor:
                 "decision",
                 action="give-up",
                 after_attempt=state.attempts,
-                reason=f"no untried remedy for {failure.kind}",
+                reason=_no_remedy_reason(failure, state.plan),
                 tried=sorted(state.tried),
             )
             return False
@@ -307,6 +307,17 @@ class Supervisor:
             final_plan=state.plan.model_dump(mode="json"),
         )
         return RunOutcome(code, reason, journal)
+
+
+def _no_remedy_reason(failure: Failure, plan: TrainingPlan) -> str:
+    if failure.kind.is_oom and plan.micro_batch is None:
+        return (
+            f"no untried remedy for {failure.kind}: the micro-batch is unknown; pass "
+            "--global-batch-size and --micro-batch-size (or a model with --model)"
+        )
+    if failure.kind == FailureKind.COMM_OOM:
+        return "out of memory inside a collective: a smaller micro-batch barely helps; no remedy"
+    return f"no untried remedy for {failure.kind} (all rungs tried or not applicable)"
 
 
 def plan_of(record: dict[str, Any]) -> TrainingPlan:
