@@ -148,7 +148,8 @@ def build_supervisor(command: list[str], o: dict[str, Any], sink: Any = None) ->
     cmd = parse_command(command)
     adapters = load_adapters() if o.get("adapters", True) else []
     base = initial_plan(cmd, o, [])
-    adapters = [a for a in adapters if adapter_applies(a, cmd, base)]
+    blank = TrainingPlan(dp=base.dp, world_size=base.world_size)
+    adapters = [a for a in adapters if adapter_applies(a, cmd, blank)]
     plan = initial_plan(cmd, o, adapters)
     ckpt = o.get("checkpoint_dir")
     for adapter in adapters if ckpt is None else []:

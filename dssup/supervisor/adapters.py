@@ -14,7 +14,7 @@ knows, through one small protocol:
 * ``checkpoint_dirs``: where this framework saves checkpoints, found in the command;
 * ``applies`` (optional): whether the command is a job of this framework at all. Adapters
   that do not apply take no part in the run (no rungs, no capabilities). Without the method,
-  an adapter applies when its ``initial_plan`` finds something in the command.
+  an adapter applies when its ``initial_plan`` fills in a blank plan from the command.
 
 ``load_adapters`` finds the DeepSpeed adapter by importing ``dssup.supervisor.deepspeed`` and
 calling its ``adapter()`` factory when that exists, so this package never depends on it.
@@ -99,7 +99,8 @@ class PlanAdapter(Protocol):
 
 
 def adapter_applies(adapter: PlanAdapter, command: TorchrunCommand, plan: TrainingPlan) -> bool:
-    """``adapter.applies(command)`` when defined, else: its ``initial_plan`` changes the plan."""
+    """``adapter.applies(command)`` when defined, else: its ``initial_plan`` finds settings in the
+    command (``plan`` should be blank: batch fields unset, so anything found changes it)."""
     check = getattr(adapter, "applies", None)
     if callable(check):
         return bool(check(command))

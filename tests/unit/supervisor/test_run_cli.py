@@ -148,3 +148,35 @@ def test_model_without_gpu_memory_is_a_usage_error(tmp_path):
         ],
     )
     assert res.exit_code == 2 and "--gpu-memory" in res.output
+
+
+def test_the_deepspeed_adapter_joins_only_deepspeed_jobs(tmp_path):
+    import json
+
+    from dssup.cli.run import build_supervisor
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 32,
+                "train_micro_batch_size_per_gpu": 16,
+                "gradient_accumulation_steps": 1,
+                "zero_optimization": {"stage": 0},
+            }
+        )
+    )
+    same = {
+        "run_dir": tmp_path / "a",
+        "global_batch_size": 32,
+        "micro_batch_size": 16,
+        "quiet": True,
+    }
+    with_ds = build_supervisor(
+        ["torchrun", "--nproc-per-node", "2", "t.py", "--deepspeed_config", str(ds)], same
+    )
+    plain = build_supervisor(
+        ["torchrun", "--nproc-per-node", "2", "t.py"], {**same, "run_dir": tmp_path / "b"}
+    )
+    assert [a.name for a in with_ds.adapters] == ["deepspeed"]
+    assert plain.adapters == []
