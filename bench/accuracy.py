@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import statistics
 import sys
@@ -216,19 +217,41 @@ def _same_phase(r: Row) -> bool:
     return measured_fb == (r.predicted_phase == "forward-backward")
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=None, help="config ids to run")
-    ap.add_argument("--out", type=Path, default=Path("docs/accuracy.md"))
-    ap.add_argument("--json-out", type=Path, default=None)
-    args = ap.parse_args(argv)
-    configs = [c for c in CONFIGS if args.only is None or c.id in args.only]
+def _group(configs: list[Config]) -> tuple[list[Row], dict[str, float], dict[str, object]]:
+    """Calibrate once and evaluate every config of one calibration group (one process)."""
+    torch.set_num_threads(1)
     cals = Calibrations()
     rows = []
     for c in configs:
         row = evaluate(c, cals)
         rows.append(row)
         print(f"{row.id:45s} {row.error:+.2%} {row.phase}/{row.predicted_phase}", flush=True)
+    profiles = {k: v.model_dump(mode="json") for k, v in cals.cache.items()}
+    return rows, cals.seconds, profiles
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=None, help="config ids to run")
+    ap.add_argument("--out", type=Path, default=Path("docs/accuracy.md"))
+    ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--jobs", type=int, default=4, help="calibration groups run in parallel")
+    args = ap.parse_args(argv)
+    configs = [c for c in CONFIGS if args.only is None or c.id in args.only]
+    groups: dict[str, list[Config]] = {}
+    for c in configs:
+        groups.setdefault(calibration_key(c.run).model_dump_json(), []).append(c)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(args.jobs) as pool:
+        results = pool.map(_group, list(groups.values()), chunksize=1)
+    cals = Calibrations()
+    by_id: dict[str, Row] = {}
+    profiles: dict[str, object] = {}
+    for group_rows, seconds, profs in results:
+        by_id.update((r.id, r) for r in group_rows)
+        cals.seconds.update(seconds)
+        profiles.update(profs)
+    rows = [by_id[c.id] for c in configs]
     rem = remedies(rows)
     text = render(rows, rem, cals)
     if args.only is None:
@@ -236,7 +259,10 @@ def main(argv: list[str]) -> int:
     print(text)
     if args.json_out is not None:
         args.json_out.write_text(
-            json.dumps({"rows": [asdict(r) for r in rows], "remedies": rem}, indent=1)
+            json.dumps(
+                {"rows": [asdict(r) for r in rows], "remedies": rem, "profiles": profiles},
+                indent=1,
+            )
         )
     return 0
 

@@ -19,7 +19,7 @@ import click
 
 from dssup.cli.app import main
 from dssup.errors import ConfigError, DssupError
-from dssup.memory import Layout, Overheads, Precision, Training, estimate
+from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
 from dssup.memory.profile import EagerProfile
 from dssup.modelio import load_model
 
@@ -70,7 +70,7 @@ def _spec(o: dict[str, Any]) -> dict[str, Any]:
 
 def predict(spec: dict[str, Any], profile: EagerProfile) -> tuple[int, str]:
     """The estimator's allocator peak and phase for a reference run (no device overheads)."""
-    model = load_model(spec["model"])
+    model = ModelSpec.model_validate(spec["model"])
     moe = model.moe is not None
     imbalance = spec["capacity_factor"] if moe and spec["moe_routing"] == "capacity" else 1.0
     training = Training(

@@ -1,0 +1,31 @@
+"""Regression subset of docs/accuracy.md, recomputed on every CI run (about a minute on 2 cores).
+
+One calibration (FakeTensorMode traces of one and two layers), three real CPU measurements
+(each cross-checked against torch.profiler inside ``measure``) covering an optimizer-step peak,
+a backward peak and full recompute, and the remedy savings between them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from bench.accuracy import Calibrations, evaluate, remedies
+from bench.accuracy_configs import CI_SUBSET, CONFIGS
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
+
+
+def test_subset_within_target_and_phase_right() -> None:
+    cals = Calibrations()
+    rows = [evaluate(c, cals) for c in CONFIGS if c.id in CI_SUBSET]
+    assert [r.id for r in rows] == CI_SUBSET
+    for r in rows:
+        assert -0.02 <= r.error <= 0.04, (r.id, r.error)
+        assert (r.phase == "optimizer") == (r.predicted_phase == "optimizer-step"), r
+    phases = {r.phase for r in rows}
+    assert phases == {"optimizer", "backward"}  # both regimes are exercised
+    rem = remedies(rows)
+    assert rem, "the subset must contain a remedy pair"
+    assert all(x["ok"] for x in rem), rem

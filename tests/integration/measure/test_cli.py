@@ -1,0 +1,59 @@
+"""``dssup calibrate`` then ``dssup measure --calibration``: real child processes, real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch]
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "tie_word_embeddings": False,
+}
+
+
+def _dssup(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dssup", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_calibrate_then_measure_predicts_the_real_peak(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_LLAMA))
+    prof = tmp_path / "eager.json"
+    common = ["--model", str(cfg), "--seq-len", "64"]
+    out = _dssup("calibrate", *common, "--out", str(prof))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(prof.read_text())
+    assert doc["kind"] == "eager" and doc["dense"] is not None and doc["moe"] is None
+    out = _dssup("measure", *common, "-b", "16", "--calibration", str(prof), "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["mode"] == "real" and abs(res["profiler_peak_bytes"] - res["peak_bytes"]) <= 4096
+    assert -0.02 <= res["error"] <= 0.04, res
+    assert res["phase"] == "backward" and res["predicted_phase"] == "forward-backward"
+
+
+def test_bad_layer_count_is_one_line_exit_2() -> None:
+    out = _dssup("measure", "--model", "llama-3-8b", "--layers", "0")
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "--layers" in out.stderr
