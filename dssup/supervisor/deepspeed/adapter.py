@@ -91,12 +91,16 @@ class DeepSpeedAdapter:
     """``PlanAdapter`` for jobs that pass a DeepSpeed JSON to their training script."""
 
     name = "deepspeed"
-    capabilities = frozenset({"zero_stage", "offload", "recompute"})
+    CAPABILITIES = frozenset({"zero_stage", "offload", "recompute"})
 
     def __init__(self, memory: MemoryContext | None = None, python: str | None = None) -> None:
         self.memory = memory
         self.python = python
         self.last_resume: Resume | None = None
+        # Inert until initial_plan finds a DeepSpeed JSON: a plain DDP job must never be
+        # offered a ZeRO stage (by this rung or by the memory-model rung via capabilities).
+        self.active = False
+        self.capabilities: frozenset[str] = frozenset()
 
     def _user_config(self, command: TorchrunCommand) -> tuple[dict[str, Any], int] | None:
         src = find_config(command.script_args)
@@ -110,6 +114,7 @@ class DeepSpeedAdapter:
             return plan
         raw, world = found
         user = derive_plan(raw, world)
+        self.active, self.capabilities = True, self.CAPABILITIES
         offload = {("none", "none"): "none", ("cpu", "none"): "optimizer"}.get(
             (user.offload_optimizer, user.offload_param), "optimizer+params"
         )
@@ -126,9 +131,11 @@ class DeepSpeedAdapter:
         )
 
     def remedy_steps(self) -> Sequence[RemedyStep]:
-        return [DeepSpeedStep(memory=self.memory)]
+        return [DeepSpeedStep(memory=self.memory)] if self.active else []
 
     def checkpoint_dirs(self, command: TorchrunCommand) -> list[Path]:
+        if find_config(command.script_args) is None:
+            return []
         value = _flag_value(command.script_args, SAVE_DIR_FLAGS)
         return [Path(value)] if value else []
 

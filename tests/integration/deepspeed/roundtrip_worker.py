@@ -78,6 +78,7 @@ def train_and_save(stage: int, save: Path, data: Any) -> tuple[dict[str, Any], f
     for step in range(2):
         train_ds.train_step(engine, step, ARGS, data)
     engine.save_checkpoint(str(save), tag="global_step2")
+    dist.barrier()  # every rank's shard is on disk before rank 0 inspects the checkpoint
     ref = train_ds.full_state(engine)
     control = train_ds.train_step(engine, 2, ARGS, data)
     return ref, control
@@ -117,6 +118,8 @@ def load_and_check(
     offload: str = "none",
 ) -> dict[str, Any]:
     resume = convert_on_rank0(save, stage, cache, force)
+    if resume["load_dir"] is None:
+        raise RuntimeError(f"{name}: no load path: {resume['reason']}")
     engine = engine_at(stage, universal=resume["load_universal"], offload=offload)
     engine.load_checkpoint(resume["load_dir"])
     result = compare(ref, train_ds.full_state(engine))

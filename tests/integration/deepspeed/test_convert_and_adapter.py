@@ -125,7 +125,9 @@ def test_adapter_steers_each_attempt(ckpt: Path, tmp_path: Path) -> None:
         env={},
     )
     ad = DeepSpeedAdapter()
+    assert (ad.capabilities, ad.remedy_steps()) == (frozenset(), [])  # inert until it sees a JSON
     plan = ad.initial_plan(cmd, TrainingPlan())
+    assert ad.capabilities == {"zero_stage", "offload", "recompute"} and ad.remedy_steps()
     assert (plan.micro_batch, plan.grad_accum, plan.global_batch, plan.dp, plan.zero_stage) == (
         1,
         2,

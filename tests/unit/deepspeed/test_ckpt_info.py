@@ -30,12 +30,14 @@ def test_reads_what_it_was_saved_with(name: str, stage: int) -> None:
     assert same == info
 
 
-def test_inspection_imports_no_torch() -> None:
+def test_package_and_inspection_import_neither_torch_nor_deepspeed() -> None:
     code = (
-        "import sys; from pathlib import Path;"
+        "import sys; from pathlib import Path; import dssup.supervisor.deepspeed as ds;"
         "from dssup.supervisor.deepspeed.ckpt_info import read_checkpoint;"
+        "assert ds.adapter().name == 'deepspeed';"
         f"i = read_checkpoint(Path({str(FIXTURES / 'zero3-dp2')!r}));"
-        "assert i.zero_stage == 3; assert 'torch' not in sys.modules, 'torch imported'"
+        "assert i.zero_stage == 3; assert 'torch' not in sys.modules, 'torch imported';"
+        "assert 'deepspeed' not in sys.modules, 'deepspeed imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -110,3 +110,25 @@ def test_derive_plan_defaults_and_errors() -> None:
         derive_plan({"train_batch_size": "auto"}, dp=2)
     with pytest.raises(ConfigError, match=r"zero_optimization\.stage"):
         derive_plan({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, dp=2)
+
+
+def test_adapter_stays_out_of_jobs_without_a_deepspeed_json(tmp_path: Path) -> None:
+    from dssup.supervisor.command import parse_command
+    from dssup.supervisor.deepspeed import DeepSpeedAdapter
+    from dssup.supervisor.models import TrainingPlan
+
+    cmd = parse_command(
+        ["torchrun", "--nproc-per-node", "2", "train.py", "--output_dir", "out", "--lr", "1"],
+        env={},
+    )
+    ad = DeepSpeedAdapter()
+    plan = TrainingPlan(micro_batch=4, grad_accum=2, global_batch=16, dp=2)
+    assert ad.initial_plan(cmd, plan) == plan
+    assert (ad.capabilities, list(ad.remedy_steps()), ad.checkpoint_dirs(cmd)) == (
+        frozenset(),
+        [],
+        [],
+    )
+    applied = ad.apply(plan, cmd, list(cmd.script_args), tmp_path / "attempt-001")
+    assert (applied.script_args, applied.env, applied.notes) == (None, {}, [])
+    assert not (tmp_path / "attempt-001").exists()
