@@ -53,7 +53,7 @@ def _port() -> int:
 
 def _node(
     shared: Path, rank: int, nnodes: str, port: int, dssup: list[str], job: list[str],
-    backend: str = "c10d",
+    backend: str = "c10d", worker: Path | None = None, env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     cmd = [
         str(BIN / "dssup"), "run", "--shared-dir", str(shared), "--node-rank", str(rank),
@@ -61,10 +61,12 @@ def _node(
         "--heartbeat", "0.5", "--member-timeout", "8", "--settle", "10", *dssup, "--",
         str(BIN / "torchrun"), "--nnodes", nnodes, "--nproc-per-node", "1",
         "--rdzv-backend", backend, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job",
-        str(WORKER), "--out", str(shared / "final.pt"), *job,
+        str(worker or WORKER), "--out", str(shared / "final.pt"), *job,
     ]  # fmt: skip
     with (shared / f"node{rank}.out").open("ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(cmd, cwd=shared, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            cmd, cwd=shared, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
 
 def _journal(shared: Path, rank: int) -> list[dict[str, Any]]:
@@ -253,3 +255,79 @@ def test_etcd_survives_losing_the_first_node(tmp_path: Path, etcd: int) -> None:
     assert [(g["plan"]["micro_batch"], g["plan"]["grad_accum"]) for g in gens] == [(8, 2), (8, 4)]
     assert _checkpoints(tmp_path)[-1] == 12
     print(f"etcd, first node lost: {elapsed:.1f} s")
+
+
+ZERO_WORKER = Path(__file__).resolve().parent / "zero_worker.py"
+# glibc: one arena and unmapped large blocks, so the address-space cap tracks live tensors
+MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 1024, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "vocab_size": 8192, "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def _gpu_memory_for_the_demo(config: Path) -> int:
+    """A "GPU" on which the memory model says: ZeRO-1 at 2 ranks with micro-batch 8 fits, the
+    naive 1-rank restart (micro-batch 8) does not, micro-batch 4 at 1 rank does. Computed from
+    the model itself, so the test checks the decision, not a number copied from a run."""
+    from dssup.elastic import BatchPlan, MemoryContext
+    from dssup.memory import Training
+    from dssup.modelio import load_model
+
+    ctx = MemoryContext(model=load_model(str(config)), base=Training(seq_len=64),
+                        gpu_memory_bytes=1, zero_stages=(1,), allow_offload=False)  # fmt: skip
+
+    def peak(world: int, mb: int, rc: str = "none") -> int:
+        return ctx.peak(BatchPlan(micro_batch=mb, grad_accum=32 // (mb * world), global_batch=32,
+                                  dp=world, world_size=world, zero_stage=1, recompute=rc))  # type: ignore[arg-type]  # fmt: skip
+
+    naive = min(peak(1, 8, rc) for rc in ("none", "selective", "full"))
+    budget = (peak(1, 4) + naive) // 2
+    assert peak(2, 8) < budget < naive
+    return int(budget / 0.95) + 1
+
+
+def test_shrink_under_zero_changes_the_plan_before_the_attempt(tmp_path: Path) -> None:
+    """A ZeRO-1 job (moments sharded by rank) under a real memory cap: at 2 nodes micro-batch 8
+    fits; node 1 dies; the memory model predicts the naive 1-node restart (micro-batch 8, twice
+    the accumulation, but a shard twice as big) will not fit, so the plan for the next
+    generation lowers the micro-batch before it starts, and that attempt runs without an OOM.
+    The naive restart, run by hand from the same checkpoint under the same cap, does OOM."""
+    config = tmp_path / "tiny-llama.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    gpu = _gpu_memory_for_the_demo(config)
+    dssup = ["--global-batch-size", "32", "--micro-batch-size", "8", "--zero-stage", "1",
+             "--model", str(config), "--gpu-memory", str(gpu), "--seq-len", "64"]  # fmt: skip
+    job = ["--dim", "256", "--steps", "6", "--memory-cap-mib", "101", "--step-delay", "1"]
+    port = _port()
+    t0 = time.monotonic()
+    kw = {"worker": ZERO_WORKER, "env": MALLOC}
+    n0 = _node(tmp_path, 0, "1:2", port, dssup, job, **kw)  # type: ignore[arg-type]
+    n1 = _node(tmp_path, 1, "1:2", port, dssup, job, **kw)  # type: ignore[arg-type]
+    _until(lambda: len(_checkpoints(tmp_path)) >= 2, 150, "two checkpoints on two nodes")
+    n1.send_signal(signal.SIGKILL)
+    n1.wait()
+    assert _wait([n0], 400) == [0], (tmp_path / "node0.out").read_text()[-3000:]
+    elapsed = time.monotonic() - t0
+    records = _journal(tmp_path, 0)
+    gens = _of(records, "generation")
+    assert [g["nodes"] for g in gens] == [[0, 1], [0]]
+    before, after = gens[0]["plan"], gens[1]["plan"]
+    assert (before["micro_batch"], before["grad_accum"]) == (8, 2)
+    assert after["micro_batch"] < 8 and after["micro_batch"] * after["grad_accum"] == 32
+    assert gens[1]["reason"].startswith("world 1: raise-memory")
+    ended = _of(records, "attempt-ended")
+    assert ended[-1]["failure"] is None  # the re-planned attempt did not OOM
+    assert not any(e["failure"] and e["failure"]["kind"] == "host-oom" for e in ended)
+    resume = _of(records, "attempt-started")[-1]["resume_from"]
+    naive = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "1", str(ZERO_WORKER), *job],
+        env={**os.environ, **MALLOC, "DSSUP_RESUME_FROM": resume, "DSSUP_MICRO_BATCH_SIZE": "8",
+             "DSSUP_GRAD_ACCUM_STEPS": "4", "DSSUP_GLOBAL_BATCH_SIZE": "32"},
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert naive.returncode != 0
+    assert "can't allocate memory" in naive.stdout + naive.stderr
+    print(f"ZeRO shrink with pre-emptive re-plan: {elapsed:.1f} s")
