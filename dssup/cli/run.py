@@ -181,7 +181,9 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
         echo(f"  changed  {change}")
     gb = s.global_batches[0] if s.global_batches else None
     state = "unchanged" if s.global_batch_unchanged else f"CHANGED {s.global_batches}"
-    echo(f"  global batch {gb}: {state}; time lost {s.time_lost_s:.1f} s of {s.wall_s:.1f} s")
+    echo(
+        f"  global batch {gb}: {state}; time lost (failed attempts + relaunches, an upper bound) {s.time_lost_s:.1f} s of {s.wall_s:.1f} s"
+    )
     if s.relaunch_overheads_s:
         worst = max(s.relaunch_overheads_s)
         echo(f"  relaunch overhead (torchrun exit -> next launch): max {worst * 1000:.0f} ms")

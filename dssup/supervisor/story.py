@@ -98,7 +98,7 @@ def story(journal: Journal) -> list[str]:
     gb = "unchanged" if s.global_batch_unchanged else "CHANGED"
     lines.append(
         f"Summary: {s.outcome}; {s.attempts} attempt(s); global batch {gb} "
-        f"({s.global_batches[0] if s.global_batches else '?'}); time lost {s.time_lost_s:.1f} s "
+        f"({s.global_batches[0] if s.global_batches else '?'}); time lost (upper bound) {s.time_lost_s:.1f} s "
         f"of {s.wall_s:.1f} s."
     )
     return lines
