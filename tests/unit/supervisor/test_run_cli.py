@@ -180,3 +180,23 @@ def test_the_deepspeed_adapter_joins_only_deepspeed_jobs(tmp_path):
     )
     assert [a.name for a in with_ds.adapters] == ["deepspeed"]
     assert plain.adapters == []
+
+
+def test_resume_takes_command_and_run_id_from_the_journal(tmp_path):
+    from dssup.cli.run import build_supervisor
+    from dssup.supervisor import Journal
+
+    run = tmp_path / "r"
+    j = Journal(run)
+    j.append(
+        "run-started",
+        run_id="r-1234abcd",
+        command=["torchrun", "--nproc-per-node", "2", "t.py", "--micro-batch-size", "4"],
+        plan={},
+        config={},
+    )
+    sup = build_supervisor([], {"resume": run, "quiet": True})
+    assert sup.config.run_id == "r-1234abcd"
+    assert sup.command.script_args == ["--micro-batch-size", "4"]
+    with pytest.raises(ConfigError, match="another command"):
+        build_supervisor(["torchrun", "other.py"], {"resume": run, "quiet": True})
