@@ -230,6 +230,12 @@ class Supervisor:
         return result
 
     def _attempt(self, journal: Journal, state: RunState) -> AttemptResult:
+        if self._signal is not None:  # told to stop during a backoff: launch nothing
+            now, sig = time.time(), self._signal
+            stop = Failure(
+                kind=FailureKind.INTERRUPTED, signal=sig, message="stopped between attempts"
+            )
+            return AttemptResult(-sig, stop, now, now, time.monotonic(), [])
         number = journal.next_attempt()
         resume = find_latest(
             self.config.checkpoint_dir, self.config.checkpoint_pattern, state.plan.dp

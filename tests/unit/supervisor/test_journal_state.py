@@ -125,3 +125,20 @@ def test_story_and_summary(tmp_path):
     text = "\n".join(story(j))
     assert "Attempt 2: micro-batch 8, accumulation 2, global batch 32, resuming from step 4" in text
     assert "global batch unchanged (32)" in text
+
+
+def test_a_stop_request_before_launch_launches_nothing(tmp_path):
+    import signal
+
+    from dssup.supervisor import RemedyPlanner, Supervisor, SupervisorConfig, parse_command
+
+    config = SupervisorConfig(
+        run_id="stop", run_dir=tmp_path, command=["torchrun", "x.py"], initial_plan=P16
+    )
+    sup = Supervisor(config, parse_command(["torchrun", "x.py"], env={}), RemedyPlanner.default())
+    sup.request_stop(signal.SIGTERM)
+    outcome = sup.run()
+    assert outcome.exit_code == 128 + signal.SIGTERM
+    types = [r["type"] for r in outcome.journal.records]
+    assert types == ["run-started", "run-ended"]
+    assert outcome.journal.records[-1]["outcome"] == "interrupted"
