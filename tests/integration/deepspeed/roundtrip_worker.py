@@ -39,6 +39,9 @@ GB = 8
 ARGS = train_ds.parse_args(["--deepspeed_config", "unused", "--steps", "3"])
 
 
+BF16 = {"on": False}  # phase "bf16" trains every engine in bf16
+
+
 def ds_config(stage: int, universal: bool = False, offload: str = "none") -> dict[str, Any]:
     """The user's JSON, or (with offload) the one dssup's renderer writes for that plan."""
     dp = dist.get_world_size()
@@ -51,6 +54,8 @@ def ds_config(stage: int, universal: bool = False, offload: str = "none") -> dic
     }
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
+    if BF16["on"]:
+        cfg["bf16"] = {"enabled": True}
     if offload != "none":
         plan = derive_plan(cfg, dp).model_copy(
             update={
@@ -188,17 +193,39 @@ def phase_grow(work: Path, data: Any) -> list[dict[str, Any]]:
     return [case]
 
 
+def phase_bf16(work: Path, data: Any) -> list[dict[str, Any]]:
+    BF16["on"] = True
+    results = []
+    for src, dst in ((1, 3), (3, 2)):
+        ref, control = train_and_save(src, work / f"ckpt-bf16-z{src}", data)
+        results.append(
+            load_and_check(
+                f"bf16 stage {src}->{dst}",
+                dst,
+                work / f"ckpt-bf16-z{src}",
+                work / "cache",
+                ref,
+                control,
+                data,
+            )
+        )
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--phase", choices=("stages", "shrink", "grow"), required=True)
+    ap.add_argument("--phase", choices=("stages", "shrink", "grow", "bf16"), required=True)
     ap.add_argument("--work", type=Path, required=True)
     args = ap.parse_args()
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
     data = train_ds.dataset(4 * GB, ARGS.d_in)
-    results = {"stages": phase_stages, "shrink": phase_shrink, "grow": phase_grow}[args.phase](
-        args.work, data
-    )
+    results = {
+        "stages": phase_stages,
+        "shrink": phase_shrink,
+        "grow": phase_grow,
+        "bf16": phase_bf16,
+    }[args.phase](args.work, data)
     if dist.get_rank() == 0:
         (args.work / f"results-{args.phase}.json").write_text(json.dumps(results, indent=1))
     dist.barrier()

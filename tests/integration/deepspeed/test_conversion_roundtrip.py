@@ -1,8 +1,8 @@
 """Checkpoint conversion round-trips with real DeepSpeed under torchrun on CPU (gloo).
 
-Three launches (about a minute and a half here) cover stage 1→2 (native and forced universal),
+Four launches (about two minutes on an idle 2-core box) cover stage 1→2 (native and forced universal),
 1→3, 2→3, 3→1, 0→3 at two ranks, 1→2 and 1→3 into engines whose JSON dssup rewrote for
-optimizer (and parameter) offload, then DP 2→1 and DP 1→2. For every case: fp32 weights and both Adam
+optimizer (and parameter) offload, then DP 2→1 and DP 1→2, then bf16 1→3 and 3→2. For every case: fp32 weights and both Adam
 moments of every parameter are bit-identical after the load to what was saved, the step and
 sample counters are restored, and the next step's loss equals the loss of the engine that
 saved the checkpoint and simply went on (the unconverted control).
@@ -20,7 +20,7 @@ from ds_launch import needs_deepspeed, torchrun
 pytestmark = [pytest.mark.integration, pytest.mark.deepspeed, pytest.mark.slow, needs_deepspeed]
 
 WORKER = Path(__file__).with_name("roundtrip_worker.py")
-PHASES = (("stages", 2), ("shrink", 1), ("grow", 2))
+PHASES = (("stages", 2), ("shrink", 1), ("grow", 2), ("bf16", 2))
 EXPECTED = {
     "stage 1->2": "direct",
     "stage 1->2 (forced universal)": "universal",
@@ -32,6 +32,8 @@ EXPECTED = {
     "dp 1->2 (stage 1)": "universal",
     "stage 1->2 + offload optimizer": "direct",
     "stage 1->3 + offload all": "universal",
+    "bf16 stage 1->3": "universal",
+    "bf16 stage 3->2": "universal",
 }
 OFFLOAD = {  # what the engine reports after loading with the JSON dssup wrote
     "stage 1->2 + offload optimizer": ("cpu", "none"),
