@@ -218,6 +218,22 @@ class MultiNodeSupervisor(Supervisor):
 
     # --- one generation ------------------------------------------------------------------
     def _attempt(self, journal: Journal, state: RunState) -> AttemptResult:
+        """One generation; membership changes roll straight into the next one (they are not
+        failures of the job: no backoff, no remedy, no transient budget used)."""
+        while True:
+            result = self._generation(journal, state)
+            failure = result.failure
+            if failure is None or failure.signature not in MEMBERSHIP_SIGNATURES:
+                return result
+            if self._signal is not None or state.attempts >= self.config.max_attempts:
+                return result
+            journal.append(
+                "decision", action="membership", after_attempt=state.attempts,
+                reason=failure.message, evidence=list(failure.evidence),
+            )  # fmt: skip
+            state.transient_in_row = 0
+
+    def _generation(self, journal: Journal, state: RunState) -> AttemptResult:
         self._state = state
         d = self._join(state)
         if d.plan is None:  # "run" decisions always carry one; a foreign file might not

@@ -198,8 +198,9 @@ def test_shrink_then_scale_up_keeps_the_global_batch(tmp_path: Path) -> None:
         assert plan["micro_batch"] * plan["grad_accum"] * plan["dp"] == 32 == plan["global_batch"]
     assert [g for g in _generations(tmp_path, 1) if g[0] != 2] == [gens[0], gens[2]]
     leader = _journal(tmp_path, 0)
-    reasons = [d["reason"] for d in _of(leader, "decision")]
-    assert "lost" in reasons[0] and "joined" in reasons[1]
+    decisions = _of(leader, "decision")
+    assert [d["action"] for d in decisions] == ["membership", "membership"]  # no backoff retries
+    assert "lost" in decisions[0]["reason"] and "joined" in decisions[1]["reason"]
     started = _of(leader, "attempt-started")
     assert started[1]["resume_step"] is not None and started[1]["resume_step"] >= 3
     assert started[2]["resume_step"] > started[1]["resume_step"]  # the one-node run progressed
