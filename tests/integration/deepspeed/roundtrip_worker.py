@@ -121,6 +121,7 @@ def load_and_check(
     data: Any,
     force: bool = False,
     offload: str = "none",
+    resave: Path | None = None,
 ) -> dict[str, Any]:
     resume = convert_on_rank0(save, stage, cache, force)
     if resume["load_dir"] is None:
@@ -132,7 +133,27 @@ def load_and_check(
     result |= {"global_steps": engine.global_steps, "global_samples": engine.global_samples}
     result["engine"] = train_ds.engine_report(engine, engine.module)
     result["loss"] = train_ds.train_step(engine, 2, ARGS, data)
+    if resave is not None:
+        result["resave"] = resave_and_reload(engine, stage, resave, data)
     return result
+
+
+def resave_and_reload(engine: Any, stage: int, save: Path, data: Any) -> dict[str, Any]:
+    """After a universal load: save natively, check the tag is complete and loads directly
+    with the same state (``load_universal`` only affects loading; DeepSpeed #7546)."""
+    engine.save_checkpoint(str(save), tag="global_step3")
+    dist.barrier()
+    ref = train_ds.full_state(engine)
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        info = read_checkpoint(save)
+        box[0] = None if info is None else info.model_dump(mode="json")
+    dist.broadcast_object_list(box, src=0)
+    fresh = engine_at(stage)
+    fresh.load_checkpoint(str(save))
+    out = compare(ref, train_ds.full_state(fresh))
+    out["info"] = box[0]
+    return out
 
 
 def save_reference(path: Path, ref: Any, control: float) -> None:
@@ -150,7 +171,12 @@ def phase_stages(work: Path, data: Any) -> list[dict[str, Any]]:
         ref, control = saved[src]
         save = work / f"ckpt-z{src}-dp2"
         case = f"stage {src}->{dst}" + (" (forced universal)" if force else "")
-        results.append(load_and_check(case, dst, save, work / "cache", ref, control, data, force))
+        resave = work / f"resaved-z{dst}" if (src, dst) == (1, 3) else None
+        results.append(
+            load_and_check(
+                case, dst, save, work / "cache", ref, control, data, force, resave=resave
+            )
+        )
     # the JSON dssup writes for offload, and a converted checkpoint loaded into it
     for offload, dst in (("optimizer", 2), ("all", 3)):
         ref, control = saved[1]

@@ -69,6 +69,14 @@ def test_state_and_next_loss_survive(results: dict[str, dict[str, Any]], case: s
     assert r["loss"] == r["control_loss"]
 
 
+def test_native_saving_after_a_universal_load(results: dict[str, dict[str, Any]]) -> None:
+    resave = results["stage 1->3"]["resave"]
+    info = resave["info"]
+    assert info["complete"] and not info["universal"], info
+    assert (info["zero_stage"], info["dp_world_size"], info["global_steps"]) == (3, 2, 3)
+    assert resave["weights_equal"] and resave["moments_equal"], resave["mismatch"]
+
+
 @pytest.mark.parametrize("case", list(OFFLOAD))
 def test_offload_reaches_the_engine(results: dict[str, dict[str, Any]], case: str) -> None:
     engine = results[case]["engine"]
