@@ -2,7 +2,7 @@
 one rank per node), running the example job as a two-node job on one machine.
 
 Slow by nature: every generation is a real torchrun launch (7-9 s on 2 cores). Measured here,
-one test at a time: OOM scenario 85 s, shrink + scale-up 167 s, etcd 108 s (6 min in all).
+one at a time: OOM 85-126 s, shrink + scale-up 162-167 s, etcd 108-124 s, ZeRO 119-142 s (9 min).
 Timeouts are generous (8 s member timeout, 10 s settle) so a loaded CI box does not turn a
 slow start into a one-node first generation.
 """
