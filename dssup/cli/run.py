@@ -163,6 +163,7 @@ def build_supervisor(command: list[str], o: dict[str, Any], sink: Any = None) ->
         backoff_initial_s=o.get("backoff", 1.0), grace_s=o.get("grace", 10.0),
         metrics_textfile=Path(o["metrics_textfile"]) if o.get("metrics_textfile") else None,
         stream_output=not o.get("quiet", False),
+        fast_fail=o.get("fast_fail", True),
     )  # fmt: skip
     metrics: Metrics = PrometheusMetrics() if config.metrics_textfile else NullMetrics()
     steps = [s for a in adapters for s in a.remedy_steps()]
@@ -219,6 +220,10 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
 @click.option("--grace", type=float, default=10.0, show_default=True, help="SIGTERM->SIGKILL, s.")
 @click.option("--metrics-textfile", type=click.Path(path_type=Path), help="Prometheus textfile.")
 @click.option("--quiet", is_flag=True, help="Do not copy torchrun's output to stdout.")
+@click.option(
+    "--fast-fail/--no-fast-fail", default=True, show_default=True,
+    help="Stop an attempt at the first rank error file naming an OOM or a user error.",
+)  # fmt: skip
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(command: tuple[str, ...], **o: Any) -> None:
     """Run a torchrun command; on OOM, relaunch it with a plan that fits (global batch exact).

@@ -23,9 +23,10 @@ from dssup.supervisor.classify import classify
 from dssup.supervisor.command import TorchrunCommand
 from dssup.supervisor.contract import contract_env, rewrite_flags, write_plan_file
 from dssup.supervisor.evidence import collect
+from dssup.supervisor.fastfail import ErrorFileWatch
 from dssup.supervisor.hygiene import oom_kill_count, wait_gpu_released
-from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
-from dssup.supervisor.process import Child, processes_with_token, terminate_token
+from dssup.supervisor.models import Failure, FailureKind, RankFailure, TrainingPlan
+from dssup.supervisor.process import Child, kill_quietly, processes_with_token, terminate_token
 
 __all__ = ["AttemptResult", "AttemptSpec", "build_spec", "run_attempt"]
 
@@ -114,15 +115,19 @@ def run_attempt(
     sink: Callable[[str], None] | None,
     stop_signal: Callable[[], int | None],
     on_start: Callable[[Child], None],
+    fast_fail: bool = True,
 ) -> AttemptResult:
     """Launch torchrun, wait (forwarding a stop request), clean up, and classify the end."""
     oom_before = oom_kill_count()
+    log_dir = Path(user_log) if (user_log := cmd.option("log-dir")) else spec.dir / "logs"
     child = Child(spec.argv, {**os.environ, **spec.env}, spec.dir / "torchrun.log", sink)
     started = time.time()
     child.start()
     spawned_at = time.time()
     on_start(child)
+    watch = ErrorFileWatch(log_dir, started - 1.0) if fast_fail else None
     forwarded: int | None = None
+    stopped: RankFailure | None = None
     code = None
     while code is None:
         code = child.wait(0.05)
@@ -130,6 +135,12 @@ def run_attempt(
             log.warning("forwarding %s to torchrun (pid %s)", signal.Signals(sig).name, child.pid)
             child.send(sig)
             forwarded = sig
+        if code is None and watch is not None and stopped is None and forwarded is None:
+            stopped = watch.poll()
+            if stopped is not None:
+                log.warning("rank %s: %s: stopping the attempt now", stopped.rank, stopped.kind)
+                for pid in processes_with_token(spec.token):
+                    kill_quietly(pid, signal.SIGKILL)
     exited, exited_at = time.monotonic(), time.time()
     pids = processes_with_token(spec.token)
     stragglers = terminate_token(spec.token, grace_s) if pids else []
@@ -139,11 +150,15 @@ def run_attempt(
         spec.dir,
         code,
         child.console_tail(),
-        log_dir=Path(user_log) if (user_log := cmd.option("log-dir")) else None,
+        log_dir=log_dir,
         oom_kills=oom_kills,
         world_size=world_size,
     )
     failure = classify(evidence)
+    if stopped is not None and failure is not None:
+        note = f"dssup stopped the attempt (SIGKILL) on rank {stopped.rank}'s error file"
+        failure = failure.model_copy(update={"evidence": (*failure.evidence, note)})
+        code = 1  # what torchrun reports for a failed worker; the kill was ours
     if forwarded is not None:
         failure = Failure(
             kind=FailureKind.INTERRUPTED,

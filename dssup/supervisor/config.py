@@ -36,4 +36,8 @@ class SupervisorConfig(BaseModel):
     grace_s: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL for stragglers, seconds")
     gpu_release_timeout_s: float = Field(30.0, ge=0, description="wait for NVML to show free")
     metrics_textfile: Path | None = Field(None, description="Prometheus textfile to rewrite")
+    fast_fail: bool = Field(
+        True, description="stop an attempt as soon as a rank's error file names an OOM or a "
+        "user error, instead of waiting for torchrun's teardown",
+    )  # fmt: skip
     stream_output: bool = Field(True, description="copy torchrun's output to our stdout")

@@ -28,7 +28,13 @@ from typing import IO
 
 from dssup.errors import LaunchError
 
-__all__ = ["Child", "processes_with_token", "terminate_token", "wait_gone"]
+__all__ = [
+    "Child",
+    "kill_quietly",
+    "processes_with_token",
+    "terminate_token",
+    "wait_gone",
+]
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -158,17 +164,17 @@ def terminate_token(token: str, grace: float = 10.0) -> list[int]:
     """SIGTERM every process of the token, SIGKILL what is left after ``grace``; returns killed."""
     victims = processes_with_token(token)
     for pid in victims:
-        _kill(pid, signal.SIGTERM)
+        kill_quietly(pid, signal.SIGTERM)
     alive = wait_gone(token, grace)
     for pid in alive:
         log.warning("pid %s ignored SIGTERM for %.0f s: SIGKILL", pid, grace)
-        _kill(pid, signal.SIGKILL)
+        kill_quietly(pid, signal.SIGKILL)
     left = wait_gone(token, 5.0)
     if left:
         log.error("processes survive SIGKILL: %s", left)
     return victims
 
 
-def _kill(pid: int, sig: int) -> None:
+def kill_quietly(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)

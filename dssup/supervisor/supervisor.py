@@ -275,6 +275,7 @@ class Supervisor:
             sink=self.sink,
             stop_signal=lambda: self._signal,
             on_start=lambda c: setattr(self, "_child", c),
+            fast_fail=self.config.fast_fail,
         )
         step = self._step()
         state.record(result, step)
