@@ -7,9 +7,13 @@ a backward peak and full recompute, and the remedy savings between them.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: bench/
 
 from bench.accuracy import Calibrations, evaluate, remedies
 from bench.accuracy_configs import CI_SUBSET, CONFIGS
