@@ -102,6 +102,10 @@ class DeepSpeedAdapter:
         self.active = False
         self.capabilities: frozenset[str] = frozenset()
 
+    def applies(self, command: TorchrunCommand) -> bool:
+        """A DeepSpeed job: its worker arguments name a DeepSpeed config."""
+        return find_config(command.script_args) is not None
+
     def _user_config(self, command: TorchrunCommand) -> tuple[dict[str, Any], int] | None:
         src = find_config(command.script_args)
         if src is None:

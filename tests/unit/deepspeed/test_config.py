@@ -122,6 +122,8 @@ def test_adapter_stays_out_of_jobs_without_a_deepspeed_json(tmp_path: Path) -> N
         env={},
     )
     ad = DeepSpeedAdapter()
+    assert not ad.applies(cmd)
+    assert ad.applies(parse_command(["torchrun", "t.py", "--deepspeed", "ds.json"], env={}))
     plan = TrainingPlan(micro_batch=4, grad_accum=2, global_batch=16, dp=2)
     assert ad.initial_plan(cmd, plan) == plan
     assert (ad.capabilities, list(ad.remedy_steps()), ad.checkpoint_dirs(cmd)) == (
