@@ -4,7 +4,8 @@ Rungs, cheapest first: load checkpoints to the CPU (an OOM while loading), the a
 expandable segments (when the memory PyTorch reserved but did not use would have covered the
 request), then either the memory model's plan (``ModelStep``, when a model description was
 given) or, from the failure alone, halving the micro-batch with doubled accumulation and
-raising recompute; then any adapter rungs (DeepSpeed: ZeRO stage, offload). The global batch is
+raising recompute; then any adapter rungs (DeepSpeed: ZeRO stage, offload). An OOM in the
+optimizer step tries the adapter rungs first: a smaller micro-batch does not shrink it. The global batch is
 exact on every rung, and no rung ever proposes a config that already failed.
 """
 
@@ -80,6 +81,7 @@ class AllocConfStep:
 
 class HalveMicroBatchStep:
     name = "halve-micro-batch"
+    activation_only = True  # helps activation peaks only; see RemedyPlanner.ordered
 
     def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
         share = per_rank_share(plan)
@@ -101,6 +103,7 @@ class HalveMicroBatchStep:
 
 class RaiseRecomputeStep:
     name = "recompute"
+    activation_only = True
 
     def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
         if not _activation_oom(failure, ctx) or plan.recompute not in _RECOMPUTE:
@@ -128,8 +131,16 @@ class RemedyPlanner:
         )
         return cls([LoadToCpuStep(), AllocConfStep(), *batch, *extra])
 
+    def ordered(self, failure: Failure) -> list[RemedyStep]:
+        """The rungs to try for ``failure``: an OOM in the optimizer step holds no activations,
+        so rungs that only shrink activations go last, after ZeRO/offload rungs."""
+        if failure.phase != "optimizer":
+            return list(self.steps)
+        late = [s for s in self.steps if getattr(s, "activation_only", False)]
+        return [s for s in self.steps if s not in late] + late
+
     def decide(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
-        for step in self.steps:
+        for step in self.ordered(failure):
             remedy = step.propose(failure, plan, ctx)
             if remedy is None or remedy.plan.key() in ctx.tried:
                 continue

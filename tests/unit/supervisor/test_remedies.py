@@ -95,6 +95,20 @@ def test_adapter_rungs_come_after_the_builtin_ones():
     assert r.step == "zero-stage" and r.plan.zero_stage == 1
 
 
+def test_optimizer_step_oom_goes_to_zero_before_the_micro_batch():
+    planner = RemedyPlanner.default(extra=[ZeroUp()])
+    ctx = RemedyContext(frozenset(), BUILTIN_CAPABILITIES | {"zero_stage"}, "cpu")
+    step_oom = CPU_OOM.model_copy(update={"phase": "optimizer"})
+    r = planner.decide(step_oom, PLAN, ctx)
+    assert r.step == "zero-stage" and r.plan.micro_batch == PLAN.micro_batch
+    # without a ZeRO rung the activation rungs still run, last
+    r = RemedyPlanner.default().decide(step_oom, PLAN, CTX)
+    assert r.step == "halve-micro-batch"
+    # a forward/backward OOM keeps the cheap activation rungs first
+    r = planner.decide(CPU_OOM.model_copy(update={"phase": "forward"}), PLAN, ctx)
+    assert r.step == "halve-micro-batch"
+
+
 @given(
     mb=st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 48]),
     dp=st.integers(1, 8),
