@@ -87,11 +87,9 @@ class Config:
 
 
 def calibration_key(run: RunSpec) -> RunSpec:
-    """The run whose calibration predicts ``run``: same model, dtype, optimizer, capacity and
-    sequence length; capacity routing (dropless cannot be traced, and capacity over-covers it)."""
-    return run.model_copy(
-        update={"micro_batch": 1, "recompute": "none", "moe_routing": "capacity", "steps": 1}
-    )
+    """The run whose calibration predicts ``run``: same model, dtype, optimizer, routing,
+    capacity and sequence length (dropless calibrates with real small-shape steps)."""
+    return run.model_copy(update={"micro_batch": 1, "recompute": "none", "steps": 1})
 
 
 def _c(

@@ -48,43 +48,52 @@ def phase_peaks(meas: Measurement) -> tuple[int, int, int]:
     return fb["Total"], fb.get("Gradient", 0), pk[f"{last}:optimizer"]["Total"]
 
 
-def _point(run: RunSpec, b: int, params: int) -> tuple[int, bool, float]:
+def _point(run: RunSpec, b: int, params: int, tensors: int) -> tuple[int, bool, float]:
     """(fwd/bwd residual over W + O, activation-dominated?, optimizer bytes per param).
 
     One step is traced: AdamW creates its state lazily in the first step, so the first
     forward/backward holds exactly what a steady-state one holds minus O (added back here), and
     the first optimizer step allocates exactly the steady-state states plus temporaries."""
     prec = precision_of(run.dtype)
-    meas = measure(run.model_copy(update={"micro_batch": b, "steps": 1}), "fake")
+    # Dropless routing has data-dependent shapes: FakeTensorMode cannot trace it, so its
+    # (small-shape) calibration runs for real, cross-checked against torch.profiler.
+    dropless = run.model.moe is not None and run.moe_routing == "dropless"
+    meas = measure(
+        run.model_copy(update={"micro_batch": b, "steps": 1}), "real" if dropless else "fake"
+    )
     fb, grads, opt = phase_peaks(meas)
     # Activation regime: the peak is at the start of backward, before most gradients exist.
     # At tiny micro-batches it moves to the end of backward (gradient-dominated), where the
     # optimizer-step peak covers it; those points say nothing about activations.
     activation_regime = grads < params * prec.gradients // 2
     step = opt - params * (prec.weights + prec.gradients + prec.optimizer)
-    return fb - params * prec.weights, activation_regime, step / params
+    # Steady state also holds O: the analytic states plus AdamW's fp32 ``step`` scalar per
+    # parameter tensor (batch-independent; it lands in the per-layer constants).
+    return fb - params * prec.weights + 4 * tensors, activation_regime, step / params
 
 
 def _residuals(run: RunSpec, dense: int, moe: int) -> tuple[int, int, int, float]:
     """(residual at b, residual at 2b, b, optimizer bytes per param) of one reduced model, at
     the smallest micro-batch b (1, 2, 4, ...) whose peaks are both activation-dominated."""
     r = run.model_copy(update={"model": reduced_spec(run.model, dense, moe)})
-    params = _param_count(r)
-    b, low = 1, _point(r, 1, params)
+    params, tensors = _param_count(r)
+    b, low = 1, _point(r, 1, params, tensors)
     while True:
-        high = _point(r, 2 * b, params)
+        high = _point(r, 2 * b, params, tensors)
         if (low[1] and high[1]) or b >= MAX_MICRO_BATCH:
             return low[0], high[0], b, max(low[2], high[2])
         b, low = 2 * b, high
 
 
-def _param_count(run: RunSpec) -> int:
+def _param_count(run: RunSpec) -> tuple[int, int]:
+    """(parameters, parameter tensors) of the model of ``run``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dssup.runtime.reference.model import build_model
 
     with FakeTensorMode():
-        return sum(p.numel() for p in build_model(run).parameters())
+        ps = list(build_model(run).parameters())
+        return sum(p.numel() for p in ps), len(ps)
 
 
 def _fit(run: RunSpec) -> tuple[dict[str, tuple[int, int]], float]:
