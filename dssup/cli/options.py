@@ -7,6 +7,7 @@ function that turns the flags into the memory model's objects.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -14,6 +15,7 @@ import click
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
 from dssup.memory.gpus import parse_size
+from dssup.memory.profile import EagerProfile
 from dssup.modelio import load_model
 
 __all__ = [
@@ -162,6 +164,13 @@ def training_options(fn: F) -> F:
                 help="Bytes per state (default: convention's; paper = bf16-lowmom).",
             ),
             click.option(
+                "--calibration",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                default=None,
+                help="Eager implementation profile from `dssup calibrate` (JSON): activation "
+                "and transient bytes traced from your own model code.",
+            ),
+            click.option(
                 "--dtypes",
                 default=None,
                 help="Per-state dtypes on top of --precision, e.g. "
@@ -241,6 +250,20 @@ def _precision(name: str | None, dtypes: str | None) -> Precision | None:
     return base.model_copy(update=update)
 
 
+def _profile(path: Path | None) -> EagerProfile | None:
+    """The ``eager`` profile written by ``dssup calibrate``."""
+    if path is None:
+        return None
+    try:
+        return EagerProfile.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            "--calibration",
+            f"{path} is not a calibration file ({exc.__class__.__name__})",
+            "pass the JSON written by `dssup calibrate`",
+        ) from exc
+
+
 def build_layout(o: dict[str, Any], dp: int) -> Layout:
     schedule = o["schedule"] or ("interleaved" if o["vpp"] > 1 else "1f1b")
     return Layout(
@@ -268,6 +291,7 @@ def build_training(o: dict[str, Any], grad_accum: int) -> Training:
         offload_optimizer=o["offload"] in ("optimizer", "both"),
         offload_params=o["offload"] in ("params", "both"),
         precision=_precision(o.get("precision"), o.get("dtypes")),
+        implementation=_profile(o.get("calibration")),
         moe_imbalance=o["moe_imbalance"],
     )
 

@@ -71,4 +71,13 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training) -> list[st
 def assumptions(
     m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
 ) -> list[str]:
-    return _conventional(m, conv, training) + _common(layout, training, r)
+    out = _conventional(m, conv, training) + _common(layout, training, r)
+    prof = training.implementation
+    if prof is not None:
+        out.insert(
+            0,
+            f"eager implementation profile ({prof.source}, traced at seq_len "
+            f"{prof.seq_len}): activation and optimizer-step bytes from traces replace "
+            "the convention's activation terms",
+        )
+    return out

@@ -227,3 +227,32 @@ def test_dtypes_flag_changes_bytes_per_parameter() -> None:
     assert ref["bytes"]["optimizer"] == 12 * p
     bad = run(*base, "--dtypes", "weights=int3")
     assert bad.returncode == 2 and "--dtypes: cannot read 'weights=int3'" in bad.stderr
+
+
+def test_calibration_file_switches_to_the_eager_profile(tmp_path: Path) -> None:
+    from dssup.memory.profile import EagerProfile, LayerCoefficients, LevelBytes
+
+    lv = LevelBytes(none=3_000_000_000, selective=2_000_000_000, full=100_000_000)
+    prof = EagerProfile(
+        source="test profile",
+        seq_len=4096,
+        dtype="bf16",
+        optimizer="foreach",
+        dense=LayerCoefficients(per_sample=lv, constant=LevelBytes(none=0, selective=0, full=0)),
+        stage=LayerCoefficients(per_sample=lv, constant=LevelBytes(none=0, selective=0, full=0)),
+        optimizer_transient_per_param=4.0,
+    )
+    cal = tmp_path / "cal.json"
+    cal.write_text(prof.model_dump_json())
+    base = ["estimate", "--model", "llama-3-8b", "--json"]
+    plain = json.loads(run(*base).stdout)
+    eager = run(*base, "--calibration", str(cal))
+    assert eager.returncode == 0, eager.stderr
+    doc = json.loads(eager.stdout)
+    assert doc["assumptions"][0].startswith("eager implementation profile (test profile")
+    assert doc["peak_bytes"] != plain["peak_bytes"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    out = run(*base, "--calibration", str(bad))
+    assert out.returncode == 2
+    assert "--calibration:" in out.stderr and "dssup calibrate" in out.stderr
