@@ -17,11 +17,21 @@ depend on the hardware settings below (H100-class defaults); the ranking is what
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.memory.config import Layout, Training
 
-__all__ = ["RECOMPUTE_FACTOR", "CostModel", "cost_terms", "step_cost"]
+__all__ = [
+    "RECOMPUTE_FACTOR",
+    "CostCurve",
+    "CostModel",
+    "cost_at",
+    "cost_curve",
+    "cost_terms",
+    "step_cost",
+]
 
 
 RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.05, "full": 4.0 / 3.0}
@@ -82,6 +92,51 @@ def step_cost(
     }
 
 
+class CostCurve(NamedTuple):
+    """The cost model with everything but (b, m, shard) folded in: the planner evaluates it
+    for thousands of micro-batch sizes with a few multiplications each."""
+
+    base: float  # compute seconds at unit efficiency, recompute factor included
+    small_batch: float  # small_batch_tokens / s
+    bubble: float  # (PP - 1) / VPP
+    zero3_per_m: float
+    offload_per_shard: float
+    offload_per_m: float
+
+
+def cost_curve(
+    cm: CostModel,
+    pp: int,
+    vpp: int,
+    dp: int,
+    world: int,
+    seq: int,
+    recompute: str,
+    zero: int,
+    off_opt: bool,
+    off_par: bool,
+    active: int,
+    gpu_params: int,
+    global_batch: int,
+    wbytes: int,
+    gbytes: int,
+) -> CostCurve:
+    tokens_per_gpu = global_batch * seq / world
+    base = 6.0 * active * tokens_per_gpu / (cm.peak_flops * cm.mfu) * RECOMPUTE_FACTOR[recompute]
+    zero3 = (
+        2 * gpu_params * wbytes * (dp - 1) / dp / cm.dp_bandwidth if zero == 3 and dp > 1 else 0.0
+    )
+    per_shard = (gbytes + wbytes) / cm.pcie_bandwidth + 1.0 / cm.cpu_adam_rate if off_opt else 0.0
+    per_m = 2 * gpu_params * wbytes / cm.pcie_bandwidth if off_par else 0.0
+    return CostCurve(base, cm.small_batch_tokens / seq, (pp - 1) / vpp, zero3, per_shard, per_m)
+
+
+def cost_at(c: CostCurve, b: int, m: int, shard: int) -> tuple[float, float, float]:
+    """(compute, zero3, offload) seconds for micro-batch ``b`` and ``m`` micro-batches."""
+    compute = c.base * (1.0 + c.small_batch / b) * (1.0 + c.bubble / m)
+    return compute, c.zero3_per_m * m, c.offload_per_shard * shard + c.offload_per_m * m
+
+
 def cost_terms(
     cm: CostModel,
     pp: int,
@@ -102,17 +157,21 @@ def cost_terms(
     wbytes: int,
     gbytes: int,
 ) -> tuple[float, float, float]:
-    tokens_per_gpu = global_batch * seq / world
-    compute = 6.0 * active * tokens_per_gpu / (cm.peak_flops * cm.mfu)
-    compute *= RECOMPUTE_FACTOR[recompute]
-    compute *= 1.0 + cm.small_batch_tokens / (b * seq)
-    compute *= 1.0 + (pp - 1) / (m * vpp)
-    zero3 = 0.0
-    if zero == 3 and dp > 1:
-        zero3 = 2 * m * gpu_params * wbytes * (dp - 1) / dp / cm.dp_bandwidth
-    offload = 0.0
-    if off_opt:
-        offload = shard * (gbytes + wbytes) / cm.pcie_bandwidth + shard / cm.cpu_adam_rate
-    if off_par:
-        offload += 2 * m * gpu_params * wbytes / cm.pcie_bandwidth
-    return compute, zero3, offload
+    curve = cost_curve(
+        cm,
+        pp,
+        vpp,
+        dp,
+        world,
+        seq,
+        recompute,
+        zero,
+        off_opt,
+        off_par,
+        active,
+        gpu_params,
+        global_batch,
+        wbytes,
+        gbytes,
+    )
+    return cost_at(curve, b, m, shard)

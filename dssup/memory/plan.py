@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.core import PreparedStage, prepare, states
-from dssup.memory.cost import CostModel, cost_terms, step_cost
+from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.params import model_total
 from dssup.memory.spec import ModelSpec
@@ -220,6 +220,26 @@ class _Search:
             self.budget,
         )
         table = [(g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt) for g in rows_st]
+        req = self.req
+        curve = cost_curve(
+            req.cost,
+            layout.pp,
+            layout.vpp,
+            layout.dp,
+            layout.world_size,
+            req.training.seq_len,
+            rc,
+            zero,
+            off_opt,
+            off_par,
+            self.active,
+            gpu_params,
+            req.global_batch,
+            r.precision.weights,
+            r.precision.gradients,
+        )
+        fitting = self.fitting
+        i = -1
         for i, b in enumerate(micro):
             m = rows // b
             best, row, fb_best = -1, rows_st[0], 0
@@ -229,32 +249,13 @@ class _Search:
                 if alloc > best:
                     best, row, fb_best = alloc, g, fb
             total = best + math.ceil(best * frag) + extra
-            self.evaluated += 1
-            key = (zero, b, off_opt, off_par, rc)
             phase = "forward-backward" if fb_best >= row.opt else "optimizer-step"
+            key = (zero, b, off_opt, off_par, rc)
             if total <= budget:
-                cost = cost_terms(
-                    self.req.cost,
-                    layout.pp,
-                    layout.vpp,
-                    layout.dp,
-                    layout.world_size,
-                    self.req.training.seq_len,
-                    b,
-                    m,
-                    rc,
-                    zero,
-                    off_opt,
-                    off_par,
-                    self.active,
-                    gpu_params,
-                    row.shard,
-                    self.req.global_batch,
-                    r.precision.weights,
-                    r.precision.gradients,
+                seconds = sum(cost_at(curve, b, m, row.shard))
+                fitting.append(
+                    (seconds, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
                 )
-                hit = (sum(cost), total, layout, key, row.stage, phase, m, row.shard, gpu_params)
-                self.fitting.append(hit)
                 continue
             if self.closest is None or total < self.closest[1]:
                 self.closest = (0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
@@ -262,6 +263,7 @@ class _Search:
             # rows)), so every larger micro-batch is decided too: it does not fit either.
             self.evaluated += len(micro) - i - 1
             break
+        self.evaluated += min(len(micro), i + 1)
 
     def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
         out = []
