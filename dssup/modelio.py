@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dssup.errors import ConfigError, UnknownPreset
+from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, model_from_hf_config, preset, preset_names
 
 __all__ = ["load_model"]
@@ -52,7 +52,4 @@ def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
             f"{text} does not exist",
             f"pass an existing config.json or one of {', '.join(preset_names())}",
         )
-    try:
-        return preset(text)
-    except UnknownPreset:
-        raise
+    return preset(text)  # raises UnknownPreset naming the presets

@@ -15,12 +15,13 @@ from functools import lru_cache
 from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_terms
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.defaults import Resolved
+from dssup.memory.params import Split
 from dssup.memory.profile import eager_constant, eager_terms
 from dssup.memory.spec import ModelSpec
 from dssup.memory.stages import StageParams, padded_vocab, partition, stage_params
 from dssup.memory.zero import ModelStates, model_states
 
-__all__ = ["PreparedStage", "States", "in_flight", "make_ctx", "prepare", "states"]
+__all__ = ["PreparedStage", "States", "device_split", "in_flight", "make_ctx", "prepare", "states"]
 
 
 def make_ctx(
@@ -106,6 +107,11 @@ def _stage_terms(c: Ctx, sp: StageParams) -> tuple[tuple[Term, ...], dict[Recomp
     return terms, acts
 
 
+def device_split(st: PreparedStage, layout: Layout) -> Split:
+    """Parameters one GPU holds for ``st``: DualPipe keeps two stages' worth (both directions)."""
+    return st.params.split.scale(2) if layout.schedule == "dualpipe" else st.params.split
+
+
 @dataclass(frozen=True, slots=True)
 class States:
     """Config-dependent, micro-batch-independent bytes of one stage."""
@@ -120,7 +126,7 @@ class States:
 def states(
     st: PreparedStage, layout: Layout, t: Training, conv: Convention, r: Resolved, ov: Overheads
 ) -> States:
-    split = st.params.split.scale(2) if layout.schedule == "dualpipe" else st.params.split
+    split = device_split(st, layout)
     dp_shard = layout.dp * (layout.cp if conv == "megatron" else 1)
     ms = model_states(
         split.non_moe,

@@ -13,7 +13,15 @@ from __future__ import annotations
 from dssup.memory.activations import keep
 from dssup.memory.assumptions import assumptions
 from dssup.memory.config import Convention, Layout, Overheads, Training
-from dssup.memory.core import PreparedStage, activations, finish, in_flight, prepare, states
+from dssup.memory.core import (
+    PreparedStage,
+    activations,
+    device_split,
+    finish,
+    in_flight,
+    prepare,
+    states,
+)
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.result import Estimate, ParamCounts, StageBytes, StageEstimate
 from dssup.memory.spec import ModelSpec
@@ -48,7 +56,7 @@ def _stage(
         cuda_context=r.cuda_context_bytes,
         total=total,
     )
-    split = st.params.split.scale(2) if layout.schedule == "dualpipe" else st.params.split
+    split = device_split(st, layout)
     return StageEstimate(
         stage=st.index,
         layers=list(st.layers),

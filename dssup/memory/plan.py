@@ -269,9 +269,9 @@ class _Search:
         out = []
         pp, sched = layout.pp, layout.schedule
         factor = 1.0 + (pp - 1) / (pp * layout.vpp) if sched == "interleaved" else 1.0
+        fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
-            fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
             out.append(
                 _Row(
                     g.index,
