@@ -3,7 +3,10 @@
 ``ClusterCache`` is the read interface the policy uses. ``InMemoryCache`` is the store behind
 it: the Kubernetes watch loop (``kube_cache.py``) feeds it events, tests and ``dssup admit``
 feed it fixtures. Reads are dict lookups on the event loop; writes come from watch threads and
-replace whole entries, which is safe under the GIL.
+replace whole entries, which is safe under the GIL. ``generation`` counts the writes that change
+what a decision can read (not Node heartbeats or unchanged re-lists), so the policy can remember
+decisions until the cluster really changes; a write updates the entry first and the counter
+second, so a reader that sees the new count also sees the new entry.
 """
 
 from __future__ import annotations
@@ -68,12 +71,18 @@ class InMemoryCache:
         self._config_maps: dict[tuple[str, str], Mapping[str, str]] = {}
         self._runtimes: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         self._synced = threading.Event()
+        self._generation = 0
         if synced:
             self._synced.set()
 
     # -- write side -------------------------------------------------------------------------
     def mark_synced(self) -> None:
         self._synced.set()
+        self._generation += 1
+
+    def _changed(self, before: object, after: object) -> None:
+        if before != after:
+            self._generation += 1
 
     def upsert(self, obj: Mapping[str, Any]) -> None:
         """Add or replace one Node, ConfigMap or (Cluster)TrainingRuntime object."""
@@ -82,26 +91,42 @@ class InMemoryCache:
         if kind == "Node":
             labels = _labels(obj)
             product = str(labels.get(GPU_PRODUCT, ""))
+            before = self._nodes.get(name)
             if product:
                 memory = _digits(labels.get(GPU_MEMORY), 0)
                 self._nodes[name] = (product, memory, max(1, _digits(labels.get(GPU_REPLICAS), 1)))
             else:
                 self._nodes.pop(name, None)
-            self._gpu = None
+            if before != self._nodes.get(name):
+                self._gpu = None
+                self._generation += 1
         elif kind == "ConfigMap":
             data = obj.get("data")
-            self._config_maps[(ns, name)] = dict(data) if isinstance(data, Mapping) else {}
+            key = (ns, name)
+            old = self._config_maps.get(key)
+            self._config_maps[key] = dict(data) if isinstance(data, Mapping) else {}
+            self._changed(old, self._config_maps[key])
         elif kind in RUNTIME_KINDS:
-            self._runtimes[(ns if kind == "TrainingRuntime" else "", str(kind), name)] = obj
+            rkey = (ns if kind == "TrainingRuntime" else "", str(kind), name)
+            old_rt = self._runtimes.get(rkey)
+            self._runtimes[rkey] = obj
+            self._changed(
+                None if old_rt is None else (old_rt.get("spec"), _labels(old_rt)),
+                (obj.get("spec"), _labels(obj)),
+            )
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        gone: object = None
         if kind == "Node":
-            self._nodes.pop(name, None)
+            gone = self._nodes.pop(name, None)
             self._gpu = None
         elif kind == "ConfigMap":
-            self._config_maps.pop((namespace, name), None)
+            gone = self._config_maps.pop((namespace, name), None)
         elif kind in RUNTIME_KINDS:
-            self._runtimes.pop((namespace if kind == "TrainingRuntime" else "", kind, name), None)
+            key = (namespace if kind == "TrainingRuntime" else "", kind, name)
+            gone = self._runtimes.pop(key, None)
+        if gone is not None:
+            self._generation += 1
 
     def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
         """The result of a fresh LIST: build the new state aside, then swap it in (readers on
@@ -116,10 +141,15 @@ class InMemoryCache:
         else:
             kept = {k: v for k, v in self._runtimes.items() if k[1] != kind}
             self._runtimes = {**kept, **fresh._runtimes}
+        self._generation += 1
 
     # -- read side --------------------------------------------------------------------------
     def synced(self) -> bool:
         return self._synced.is_set()
+
+    def generation(self) -> int:
+        """Counts changes that can alter a decision; equal counts mean equal answers."""
+        return self._generation
 
     def _gpu_index(self) -> dict[str, GpuNodeInfo]:
         index = self._gpu

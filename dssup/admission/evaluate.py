@@ -19,6 +19,7 @@ from dssup.admission.config import Incomplete, JobConfig, resolve
 from dssup.admission.decision import Decision
 from dssup.admission.gpus import GpuMemory, resolve_gpu
 from dssup.admission.kinds import SUPPORTED, is_controlled, normalise
+from dssup.admission.memo import Versioned, judgement_key
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import Sources, read_sources
 from dssup.admission.view import JobView
@@ -73,6 +74,8 @@ class Evaluator:
         self.cache = cache
         self.settings = settings
         self._estimates = LRU(settings.estimate_cache_size)
+        self._generation = cache.generation if isinstance(cache, Versioned) else None
+        self._evaluations = LRU(settings.judgement_cache_size if self._generation else 0)
 
     def estimate(self, cfg: JobConfig, layout: Layout, training: Training, usable: int) -> Estimate:
         key = (cfg.model_key, layout, training, usable)
@@ -89,7 +92,21 @@ class Evaluator:
         return est  # type: ignore[no-any-return]
 
     def evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
-        """Judge ``obj``; raise ``ConfigError`` for a config that contradicts itself."""
+        """Judge ``obj``; raise ``ConfigError`` for a config that contradicts itself. Results are
+        remembered by content (``memo.py``): the validating webhook re-reads what the mutating
+        one read, plus the annotations it wrote, which no evaluation reads."""
+        if self._generation is None or self._evaluations.size <= 0:
+            return self._evaluate(obj, namespace)
+        key = judgement_key(obj, namespace, "evaluate", self._generation())
+        if key is None:
+            return self._evaluate(obj, namespace)
+        found: Evaluation | Decision | None = self._evaluations.get(key)
+        if found is None:
+            found = self._evaluate(obj, namespace)
+            self._evaluations.put(key, found)
+        return found
+
+    def _evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
         kind = obj.get("kind")
         if not isinstance(kind, str) or kind not in SUPPORTED:
             return _allow(

@@ -20,7 +20,8 @@ from typing import Any, Literal
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
-from dssup.admission.evaluate import Evaluation, Evaluator
+from dssup.admission.evaluate import LRU, Evaluation, Evaluator
+from dssup.admission.memo import Versioned, judgement_key
 from dssup.admission.messages import breakdown, describe, gib, peak_terms
 from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
@@ -64,6 +65,8 @@ class Policy:
         self.settings = settings or PolicySettings()
         self.evaluator = Evaluator(cache, self.settings)
         self.explain = explain  # attach the per-stage breakdown (dssup admit); off on the hot path
+        self._generation = cache.generation if isinstance(cache, Versioned) else None
+        self._memo = LRU(self.settings.judgement_cache_size if self._generation else 0)
 
     def _breakdown(
         self, est: Estimate, layout: Layout, training: Training, ev: Evaluation
@@ -106,7 +109,22 @@ class Policy:
         return decision
 
     def judge(self, obj: Mapping[str, Any], namespace: str, mode: Mode) -> Decision:
-        """Decide one object (the body of ``review``; also what ``dssup admit`` calls)."""
+        """Decide one object (the body of ``review``; also what ``dssup admit`` calls).
+
+        Decisions are remembered by ``judgement_key`` (see ``memo.py``); a cache that cannot say
+        when it changed (no ``generation``) turns the memory off."""
+        if self._generation is None or self._memo.size <= 0:
+            return self._judge(obj, namespace, mode)
+        key = judgement_key(obj, namespace, mode, self._generation())
+        if key is None:
+            return self._judge(obj, namespace, mode)
+        decision: Decision | None = self._memo.get(key)
+        if decision is None:
+            decision = self._judge(obj, namespace, mode)
+            self._memo.put(key, decision)
+        return decision
+
+    def _judge(self, obj: Mapping[str, Any], namespace: str, mode: Mode) -> Decision:
         try:
             ev = self.evaluator.evaluate(obj, namespace)
         except ConfigError as exc:

@@ -42,3 +42,9 @@ class PolicySettings(BaseModel):
     estimate_cache_size: int = Field(
         4096, ge=0, description="estimates kept in memory (identical jobs and re-invocations)"
     )
+    judgement_cache_size: int = Field(
+        4096,
+        ge=0,
+        description="decisions kept in memory, keyed by the object's content and the cluster "
+        "cache's generation (re-invocations, validate after mutate, controller UPDATEs); 0 = off",
+    )

@@ -1,0 +1,142 @@
+"""Remembered judgements: hits where a job comes back unchanged, never a stale or wrong answer.
+
+The rule under test (dssup/admission/memo.py): a decision depends only on what the key covers.
+Checked directly (hypothesis: objects that differ only in what the key leaves out get equal
+decisions from a policy without memory, and a policy with memory always answers like one
+without) and through the cluster cache's generation (a real change invalidates, a Node
+heartbeat or an unchanged ConfigMap does not).
+"""
+
+import copy
+from typing import Any
+
+import jsonpatch
+from admission_helpers import cluster_cache, cluster_docs, job_files, load
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dssup.admission import Policy
+from dssup.admission.memo import VOLATILE_META, WRITTEN, judgement_key
+from dssup.admission.settings import PolicySettings
+
+NS = "team-a"
+NO_MEMO = PolicySettings(judgement_cache_size=0)
+
+
+class Counting(Policy):
+    """A real policy that counts how often the evaluation really runs (no fake involved)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs = 0
+        real = self.evaluator._evaluate
+
+        def counted(obj: Any, namespace: str) -> Any:
+            self.runs += 1
+            return real(obj, namespace)
+
+        self.evaluator._evaluate = counted  # type: ignore[method-assign]
+
+
+def _node(name: str, product: str, memory: str, heartbeat: str = "t0") -> dict[str, Any]:
+    return {
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": memory},
+        },
+        "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": heartbeat}]},
+    }
+
+
+def test_repeats_and_validate_after_mutate_evaluate_once() -> None:
+    policy = Counting(cluster_cache())
+    job = load("pytorchjob-dsv3-fits.yaml")
+    first = policy.judge(job, NS, "mutate")
+    assert first.code == "fits" and first.patch
+    assert policy.judge(copy.deepcopy(job), NS, "mutate") == first  # reinvocation
+    admitted = jsonpatch.apply_patch(job, list(first.patch))
+    admitted["metadata"] |= {"uid": "u-1", "resourceVersion": "7", "name": "other-name"}
+    validated = policy.judge(admitted, NS, "validate")
+    assert validated.allowed and validated.code == "fits"
+    assert policy.runs == 1  # mutate, its re-invocation and validate: one evaluation
+    assert policy.judge(admitted, NS, "mutate").patch == ()  # idempotent on its own output
+
+
+def test_a_real_change_in_the_cluster_invalidates() -> None:
+    cache = cluster_cache()
+    policy = Counting(cache)
+    job = load("pytorchjob-dsv3-fits.yaml")
+    product = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"][
+        "nvidia.com/gpu.product"
+    ]
+    assert policy.judge(job, NS, "validate").allowed
+    gen = cache.generation()
+    for doc in cluster_docs():  # the watch re-delivers every object unchanged (heartbeats)
+        cache.upsert({**doc, "status": {"heartbeat": "later"}})
+    assert cache.generation() == gen
+    assert policy.judge(job, NS, "validate").allowed and policy.runs == 1
+    cache.upsert(_node("small-001", product, "16384"))  # a smaller GPU of that product joins
+    assert cache.generation() > gen
+    after = policy.judge(job, NS, "validate")
+    assert not after.allowed and after.code in {"predicted-oom", "no-feasible-plan"}
+    assert policy.runs == 2
+    cache.delete("Node", "", "small-001")
+    assert policy.judge(job, NS, "validate").allowed
+
+
+def test_configmap_change_bumps_generation_only_when_data_changes() -> None:
+    cache = cluster_cache()
+    cm = {"kind": "ConfigMap", "metadata": {"name": "x", "namespace": NS}, "data": {"k": "1"}}
+    cache.upsert(cm)
+    gen = cache.generation()
+    cache.upsert({**cm, "metadata": {**cm["metadata"], "resourceVersion": "9"}})
+    assert cache.generation() == gen
+    cache.upsert({**cm, "data": {"k": "2"}})
+    assert cache.generation() == gen + 1
+
+
+def test_unhashable_objects_are_judged_without_memory() -> None:
+    obj = {"kind": "Pod", "spec": {"containers": [{"name": "c", "args": [{1, 2}]}]}}
+    assert judgement_key(obj, NS, "validate", 0) is None
+    assert Policy(cluster_cache()).judge(obj, NS, "validate").allowed
+
+
+_JOBS = [load(name) for name in job_files()]
+_noise = st.fixed_dictionaries(
+    {
+        "meta": st.dictionaries(st.sampled_from(sorted(VOLATILE_META)), st.text(max_size=8)),
+        "foreign": st.dictionaries(st.sampled_from(["a.example/x", "kueue/q"]), st.text()),
+        "written": st.dictionaries(st.sampled_from(sorted(WRITTEN)), st.text(max_size=8)),
+        "status": st.text(max_size=8),
+    }
+)
+
+
+def _perturb(job: dict[str, Any], noise: dict[str, Any], written: bool) -> dict[str, Any]:
+    out = copy.deepcopy(job)
+    meta = out.setdefault("metadata", {})
+    meta.update(noise["meta"])
+    meta.setdefault("annotations", {}).update(noise["foreign"])
+    if written:
+        meta["annotations"].update(noise["written"])
+    out["status"] = {"note": noise["status"]}
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(range(len(_JOBS))),
+    st.sampled_from(["mutate", "validate", "warn"]),
+    st.lists(_noise, min_size=2, max_size=4),
+)
+def test_what_the_key_leaves_out_never_changes_a_decision(i: int, mode: Any, noises: Any) -> None:
+    cache = cluster_cache()
+    plain, remembering = Policy(cache, NO_MEMO), Policy(cache)
+    job = copy.deepcopy(_JOBS[i])
+    job["metadata"].setdefault("annotations", {})["dssup.io/seed"] = "x"  # annotations present
+    base = plain.judge(job, NS, mode)
+    for noise in noises:
+        variant = _perturb(job, noise, written=mode != "mutate")
+        assert plain.judge(variant, NS, mode) == base
+        assert remembering.judge(variant, NS, mode) == base
