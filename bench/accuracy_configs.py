@@ -14,7 +14,7 @@ from typing import Literal
 from dssup.memory import MLASpec, ModelSpec, MoESpec
 from dssup.runtime.reference import RunSpec
 
-__all__ = ["CI_SUBSET", "CONFIGS", "MODELS", "Config", "calibration_key"]
+__all__ = ["CI_SUBSET", "CONFIGS", "MODELS", "Config", "calibration_id", "calibration_key"]
 
 _MLA = MLASpec(
     q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32
@@ -86,10 +86,21 @@ class Config:
     mode: Literal["real", "fake"]
 
 
+# Data parallelism, ZeRO and offload change model states only, which the memory model computes
+# exactly: a run is calibrated on one device.
+_ONE_DEVICE = {"dp": 1, "zero_stage": 0, "offload_optimizer": False}
+
+
 def calibration_key(run: RunSpec) -> RunSpec:
     """The run whose calibration predicts ``run``: same model, dtype, optimizer, routing,
-    capacity and sequence length (dropless calibrates with real small-shape steps)."""
-    return run.model_copy(update={"micro_batch": 1, "recompute": "none", "steps": 1})
+    capacity and sequence length, on one device (dropless calibrates with real small-shape
+    steps)."""
+    return run.model_copy(update={"micro_batch": 1, "recompute": "none", "steps": 1, **_ONE_DEVICE})
+
+
+def calibration_id(run: RunSpec) -> str:
+    """The key of ``run``'s calibration in bench/accuracy.json (one-device fields left out)."""
+    return calibration_key(run).model_dump_json(exclude=set(_ONE_DEVICE))
 
 
 def _c(
@@ -101,6 +112,9 @@ def _c(
     routing: str = "capacity",
     mode: Literal["real", "fake"] = "real",
     seq: int = 256,
+    dp: int = 1,
+    zero: int = 0,
+    offload: bool = False,
 ) -> Config:
     run = RunSpec.model_validate(
         {
@@ -111,9 +125,13 @@ def _c(
             "dtype": dtype,
             "optimizer": opt,
             "moe_routing": routing,
+            "dp": dp,
+            "zero_stage": zero,
+            "offload_optimizer": offload,
         }
     )
     cid = f"{model}/{dtype}/{opt}/b{b}/{rc}" + ("/dropless" if routing == "dropless" else "")
+    cid += (f"/dp{dp}-z{zero}" if dp > 1 or zero else "") + ("/offload" if offload else "")
     return Config(cid, run, mode)
 
 
@@ -149,13 +167,38 @@ CONFIGS: list[Config] = [
     _c("llama-0.3b", 1, dtype="amp", opt="fused", mode="fake", seq=1024),
     _c("llama-0.3b", 2, dtype="amp", opt="fused", mode="fake", seq=1024),
     _c("v2lite-3l", 1, dtype="bf16", mode="fake", seq=1024),
+    # Rank 0 of a data-parallel job (fake process group), ZeRO 0-2 and optimizer offload
+    # (dssup.runtime.reference.zero). Full recompute keeps the optimizer-step peak on top at b1,
+    # so gradient sharding (ZeRO-2) shows a saving; without it the peak moves to backward.
+    _c("dense-gqa", 1, offload=True),
+    _c("dense-gqa", 1, dp=2),
+    _c("dense-gqa", 1, dp=2, zero=1),
+    _c("dense-gqa", 1, dp=2, zero=1, offload=True),
+    _c("dense-gqa", 1, "full"),
+    _c("dense-gqa", 1, "full", dp=2, zero=1),
+    _c("dense-gqa", 1, "full", dp=2, zero=2),
+    _c("dense-gqa", 1, "full", dp=4, zero=1),
+    _c("dense-gqa", 1, "full", dp=4, zero=2),
+    _c("dense-gqa", 1, "full", dp=2, zero=1, offload=True),
+    _c("moe-mla", 1, dp=2),
+    _c("moe-mla", 1, dp=2, zero=1),
+    _c("moe-mla", 1, "full", dp=2),
+    _c("moe-mla", 1, "full", dp=2, zero=1),
+    _c("moe-mla", 1, "full", dp=2, zero=2),
+    _c("moe-mla", 1, "full", dp=2, zero=2, offload=True),
 ]
 
-# The CI regression subset: one calibration (dense-gqa fp32 foreach) and four real runs covering
-# an optimizer-step peak, backward peaks, micro-batch halving and a recompute level.
+# The CI regression subset: one calibration (dense-gqa fp32 foreach) and real runs covering an
+# optimizer-step peak, backward peaks, micro-batch halving, a recompute level, ZeRO 0 -> 1 and
+# 1 -> 2 on two data-parallel ranks, and optimizer offload.
 CI_SUBSET: list[str] = [
     "dense-gqa/fp32/foreach/b1/none",
     "dense-gqa/fp32/foreach/b2/none",
     "dense-gqa/fp32/foreach/b4/none",
     "dense-gqa/fp32/foreach/b4/selective",
+    "dense-gqa/fp32/foreach/b1/none/offload",
+    "dense-gqa/fp32/foreach/b1/none/dp2-z0",
+    "dense-gqa/fp32/foreach/b1/none/dp2-z1",
+    "dense-gqa/fp32/foreach/b1/full/dp2-z1",
+    "dense-gqa/fp32/foreach/b1/full/dp2-z2",
 ]

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dssup.memory import ModelSpec, Precision, Training
+from dssup.memory import Layout, ModelSpec, Precision, Training
 
 __all__ = ["DType", "OptimizerKind", "RunSpec", "precision_of"]
 
@@ -32,7 +32,8 @@ def precision_of(dtype: DType) -> Precision:
 
 
 class RunSpec(BaseModel):
-    """One reference training run (single process, one device)."""
+    """One reference training run: one device, or rank 0 of a ``dp``-rank data-parallel job
+    (``dssup.runtime.reference.zero``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     model: ModelSpec = Field(description="the model, exactly as the memory model sees it")
@@ -47,6 +48,18 @@ class RunSpec(BaseModel):
     capacity_factor: float = Field(1.25, ge=1.0, description="expert capacity / mean load")
     steps: int = Field(2, ge=1, description="optimizer steps measured (peak over all)")
     seed: int = Field(0, description="parameter and data seed")
+    dp: int = Field(1, ge=1, description="data-parallel ranks (rank 0 is measured)")
+    zero_stage: int = Field(0, ge=0, le=2, description="ZeRO stage 0-2 over the dp ranks")
+    offload_optimizer: bool = Field(False, description="optimizer states and master on the host")
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the run needs the data-parallel harness rather than a plain AdamW."""
+        return self.dp > 1 or self.zero_stage > 0 or self.offload_optimizer
+
+    def to_layout(self) -> Layout:
+        """The memory model's layout of this run: data parallelism only."""
+        return Layout(dp=self.dp)
 
     def to_training(self) -> Training:
         """The memory model's view of this run (dropless: imbalance 1.0 is exact on one device)."""
@@ -59,4 +72,6 @@ class RunSpec(BaseModel):
             dropout=False,
             precision=precision_of(self.dtype),
             moe_imbalance=imbalance if self.model.moe is not None else 1.0,
+            zero_stage=self.zero_stage,
+            offload_optimizer=self.offload_optimizer,
         )

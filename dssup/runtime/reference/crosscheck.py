@@ -29,6 +29,8 @@ def live_bytes(model: nn.Module, opt: torch.optim.Optimizer, *extra: torch.Tenso
         tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
     seen: dict[int, int] = {}
     for t in tensors:
+        if t.device.type != "cpu":  # an offloaded optimizer's host (meta): not CPU allocations
+            continue
         st = t.untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())

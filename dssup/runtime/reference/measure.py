@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from dssup.errors import DssupError
 from dssup.runtime.reference.config import RunSpec
 from dssup.runtime.reference.crosscheck import live_bytes, profiler_peak
 from dssup.runtime.reference.model import ReferenceModel, build_model
+from dssup.runtime.reference.zero import ShardedAdamW, fake_world
 
 __all__ = ["Measurement", "MeasurementMismatch", "measure"]
 
@@ -34,6 +36,9 @@ Phase = Literal["forward", "backward", "optimizer"]
 # Scalars the autograd engine and optimizer create outside the dispatch mode (a few bytes each)
 # are seen by the profiler only; anything beyond this is a real disagreement.
 TOLERANCE_BYTES = 4096
+
+# The accelerator of a measured run; an offloaded optimizer lives on ``zero.HOST`` (meta).
+DEVICE = torch.device("cpu")
 
 
 class MeasurementMismatch(DssupError):
@@ -60,7 +65,8 @@ class Measurement(BaseModel):
 
 
 class _PhaseTracker(MemTracker):  # type: ignore[no-untyped-call]
-    """MemTracker that remembers which phase and step were running when the peak rose."""
+    """MemTracker that remembers which phase and step were running when the device peak rose
+    (the host of an offloaded optimizer is tracked by MemTracker too, but not here)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,26 +76,36 @@ class _PhaseTracker(MemTracker):  # type: ignore[no-untyped-call]
         self.phase_peaks: dict[str, dict[str, int]] = {}
 
     def _update_peak_stats(self, peak_state: Any) -> None:
-        before = dict(self._peak_mem)
+        before = self._peak_mem.get(DEVICE, 0)
         super()._update_peak_stats(peak_state)
-        if self._peak_mem != before:
+        if self._peak_mem.get(DEVICE, 0) != before:
             self.peak_at = (self.phase, self.step)
-        for snap in self._curr_mem_snap.values():
+        snap = self._curr_mem_snap.get(DEVICE)
+        if snap is not None:
             key = f"{self.step}:{self.phase}"
             best = self.phase_peaks.get(key)
             if best is None or snap["Total"] > best["Total"]:
                 self.phase_peaks[key] = {str(getattr(k, "value", k)): v for k, v in snap.items()}
 
 
-def _optimizer(run: RunSpec, model: ReferenceModel) -> torch.optim.Optimizer:
+Optimizer = torch.optim.Optimizer | ShardedAdamW
+
+
+def _optimizer(run: RunSpec, model: ReferenceModel) -> Optimizer:
     kind = {"foreach": {"foreach": True}, "fused": {"fused": True}, "forloop": {"foreach": False}}
+    if run.distributed:
+        return ShardedAdamW(model, run.zero_stage, run.offload_optimizer, kind[run.optimizer])
     return torch.optim.AdamW(model.parameters(), lr=1e-4, **kind[run.optimizer])  # type: ignore[arg-type]
+
+
+def _inner(opt: Optimizer) -> torch.optim.Optimizer:
+    return opt.inner if isinstance(opt, ShardedAdamW) else opt
 
 
 def _steps(
     run: RunSpec,
     model: ReferenceModel,
-    opt: torch.optim.Optimizer,
+    opt: Optimizer,
     tokens: torch.Tensor,
     mt: _PhaseTracker,
 ) -> None:
@@ -101,7 +117,11 @@ def _steps(
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.dtype == "amp"):
             loss = model(tokens)
         mt.phase = "backward"
-        loss.backward()
+        with warnings.catch_warnings():
+            # A ZeRO-2 hook frees each gradient once reduced; MemTracker's own post-accumulate
+            # hook then finds None and warns. The gradient was already counted by its pre-hook.
+            warnings.filterwarnings("ignore", "Expected a tensor", UserWarning)
+            loss.backward()
         del loss
         mt.phase = "optimizer"
         opt.step()
@@ -130,7 +150,8 @@ def measure(
     # Garbage of an earlier run freed during this one would lower the profiler's running total
     # (it knows those blocks) without MemTracker ever having seen them: collect it first.
     gc.collect()
-    with _maybe_fake(mode == "fake"):
+    world = fake_world(run.dp) if run.dp > 1 else contextlib.nullcontext()
+    with world, _maybe_fake(mode == "fake"):
         model = build_model(run)
         opt = _optimizer(run, model)
         tokens = (
@@ -139,18 +160,18 @@ def measure(
             else torch.randint(0, run.model.vocab, (run.micro_batch, run.seq_len))
         )
         mt = _PhaseTracker()
-        mt.track_external(model, opt, tokens)
+        mt.track_external(model, _inner(opt), tokens)
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             prof = None
             if mode == "real" and cross_check:
-                base = live_bytes(model, opt, tokens)
+                base = live_bytes(model, _inner(opt), tokens)
                 prof = stack.enter_context(profiler_peak())
             with mt:
                 _steps(run, model, opt, tokens, mt)
         seconds = time.perf_counter() - start
     snap = mt.get_tracker_snapshot("peak")
-    dev = next(iter(snap.values()))
+    dev = snap[DEVICE]
     peak = dev["Total"]
     breakdown = {str(k.value if hasattr(k, "value") else k): v for k, v in dev.items() if v}
     prof_peak = None if prof is None else base + prof.peak()
