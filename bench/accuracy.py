@@ -345,7 +345,7 @@ def _add(path: Path, out: Path, jobs: int) -> int:
         [*doc["rows"], *(asdict(r) for r in new_rows)], key=lambda r: order[r["id"]]
     )
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    doc["added"] = [*doc.get("added", []), f"{len(new_rows)} rows added by --add on {stamp}"]
+    doc["added"] = [*doc.get("added", []), f"{len(new_rows)} row(s) added on {stamp}"]
     rows = _repredict(doc)
     doc["remedies"] = remedies(rows)
     path.write_text(json.dumps(doc, indent=1))

@@ -185,6 +185,7 @@ CONFIGS: list[Config] = [
     _c("moe-mla", 1, "full", dp=2),
     _c("moe-mla", 1, "full", dp=2, zero=1),
     _c("moe-mla", 1, "full", dp=2, zero=2),
+    _c("moe-mla", 1, "full", dp=2, zero=1, offload=True),
     _c("moe-mla", 1, "full", dp=2, zero=2, offload=True),
 ]
 

@@ -65,6 +65,9 @@ def _spec(o: dict[str, Any]) -> dict[str, Any]:
         "moe_routing": o["moe_routing"],
         "capacity_factor": o["capacity_factor"],
         "steps": o.get("steps", 2),
+        "dp": o.get("dp", 1),
+        "zero_stage": o.get("zero", 0),
+        "offload_optimizer": o.get("offload_optimizer", False),
     }
 
 
@@ -82,8 +85,10 @@ def predict(spec: dict[str, Any], profile: EagerProfile) -> tuple[int, str]:
         precision=_PRECISION[spec["dtype"]],
         moe_imbalance=imbalance,
         implementation=profile,
+        zero_stage=spec.get("zero_stage", 0),
+        offload_optimizer=spec.get("offload_optimizer", False),
     )
-    est = estimate(model, Layout(), training, _NO_OVERHEADS)
+    est = estimate(model, Layout(dp=spec.get("dp", 1)), training, _NO_OVERHEADS)
     return est.peak.bytes.allocated, est.peak_phase
 
 
@@ -126,6 +131,15 @@ def _common(fn: Any) -> Any:
 )
 @click.option("--steps", type=int, default=2, show_default=True, help="Optimizer steps measured.")
 @click.option(
+    "--dp", type=int, default=1, show_default=True, help="Data-parallel ranks (rank 0 measured)."
+)
+@click.option(
+    "--zero", type=click.IntRange(0, 2), default=0, show_default=True, help="ZeRO stage over --dp."
+)
+@click.option(
+    "--offload-optimizer", is_flag=True, help="Optimizer states on the host (device peak shown)."
+)
+@click.option(
     "--mode",
     type=click.Choice(["real", "fake"]),
     default="real",
@@ -145,6 +159,12 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
     \b
     Example:
       dssup measure --model llama-3-8b --layers 2 --seq-len 256 -b 2 --dtype amp
+      dssup measure --model llama-3-8b --layers 2 --seq-len 256 --dp 4 --zero 2
+
+    \b
+    --dp/--zero/--offload-optimizer measure rank 0 of a data-parallel job in one process (torch's
+    fake process group; an offloaded optimizer sits on the meta device, only the device peak is
+    reported).
     """
     spec = _spec(o)
     out = run_child(f"measure-{mode}", spec)

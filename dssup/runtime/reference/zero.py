@@ -23,7 +23,8 @@ group is torch's fake process group (collectives are no-ops; every collective he
 place on buffers that exist anyway, so no allocation is skipped), and the host is the ``meta``
 device (sizes without storage, which MemTracker counts apart from the CPU that plays the
 accelerator). A meta master has no values, so the in-place copy of the updated master back into
-the parameter (no allocation) is skipped.
+the parameter (no allocation) is skipped. AdamW keeps its step count as a 4-byte CPU scalar per
+slice whatever the device, so those few bytes stay on the accelerator here.
 """
 
 from __future__ import annotations

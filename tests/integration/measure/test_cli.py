@@ -51,6 +51,13 @@ def test_calibrate_then_measure_predicts_the_real_peak(tmp_path: Path) -> None:
     assert res["mode"] == "real" and abs(res["profiler_peak_bytes"] - res["peak_bytes"]) <= 4096
     assert -0.02 <= res["error"] <= 0.04, res
     assert res["phase"] == "backward" and res["predicted_phase"] == "forward-backward"
+    # rank 0 of two data-parallel ranks (fake process group), ZeRO-2, optimizer on the host
+    sharded = ["--dp", "2", "--zero", "2", "--offload-optimizer"]
+    out = _dssup("measure", *common, "-b", "16", *sharded, "--calibration", str(prof), "--json")
+    assert out.returncode == 0, out.stderr
+    dp = json.loads(out.stdout)
+    assert dp["run"]["zero_stage"] == 2 and dp["peak_bytes"] < res["peak_bytes"]
+    assert -0.02 <= dp["error"] <= 0.04, dp
 
 
 def test_bad_layer_count_is_one_line_exit_2() -> None:
