@@ -1,5 +1,7 @@
 """Serve the webhook: uvicorn (uvloop + httptools) on a TLS port, health on a plain port.
 
+Responses leave as one write each (``corked.py``): one TLS record per answer.
+
 Both servers share one event loop with the certificate watcher. Shutdown drains: readiness
 turns false first (``drain_s``, so Endpoints drop the pod before it stops accepting), then both
 servers stop gracefully. ``start_background`` runs the same thing in a thread on loopback for
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dssup.admission.adapter import Adapter
 from dssup.admission.asgi import HealthApp, WebhookApp
 from dssup.admission.cache import ClusterCache
+from dssup.admission.corked import CorkedHttpToolsProtocol
 from dssup.admission.tls import CertReloader
 
 __all__ = ["Background", "ServeOptions", "WebhookServer", "start_background", "tune_gc"]
@@ -91,7 +94,7 @@ class WebhookServer:
             "access_log": False,
             "log_config": None,
             "loop": "none",
-            "http": "httptools",
+            "http": CorkedHttpToolsProtocol,
             "server_header": False,
             "date_header": False,
         }

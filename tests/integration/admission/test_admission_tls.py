@@ -8,6 +8,7 @@ application, failure policies and re-invocation. The cluster is an in-memory cac
 
 import base64
 import json
+import socket
 import ssl
 import urllib.request
 
@@ -16,6 +17,7 @@ from admission_helpers import (
     SAN,
     ApiserverClient,
     WebhookCallError,
+    client_context,
     cluster_cache,
     load,
     make_ca,
@@ -275,3 +277,30 @@ def test_every_kind_update_delete_dry_run_generate_name(client, make):
     anon["metadata"]["generateName"] = anon["metadata"].pop("name") + "-"
     named = client.admit(anon)
     assert named.allowed and named.patches == 1
+
+
+def test_pipelined_requests_are_answered_in_order_each_in_one_piece(server):
+    """Two reviews in one TLS write (HTTP/1.1 pipelining): both answered, in order, although the
+    server now holds its writes until the end of each loop iteration (corked transport)."""
+    bg, ca = server
+    reqs = []
+    for uid in ("pipe-1", "pipe-2"):
+        body = json.dumps(review(load("pytorchjob-dsv3-fits.yaml"), uid=uid)).encode()
+        head = (
+            f"POST /validate?timeout=2s HTTP/1.1\r\nHost: {SAN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        reqs.append(head + body)
+    ctx = client_context(ca.pem())
+    with (
+        socket.create_connection(("127.0.0.1", bg.port), timeout=5) as raw,
+        ctx.wrap_socket(raw, server_hostname=SAN) as tls,
+    ):
+        tls.sendall(b"".join(reqs))
+        data = b""
+        while data.count(b'"uid":') < 2:
+            chunk = tls.recv(65536)
+            assert chunk, "connection closed before both answers"
+            data += chunk
+    first, second = data.index(b'"uid":"pipe-1"'), data.index(b'"uid":"pipe-2"')
+    assert first < second and data.count(b"HTTP/1.1 200") == 2
