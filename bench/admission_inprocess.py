@@ -1,26 +1,41 @@
 """In-process cost of one admission decision: parse + normalise + estimate + decide + encode.
 
-Target (issue 5, G1): p99 <= 0.2 ms on a DeepSeek-V3 PyTorchJob (256 pods x 8 H800). Reported:
-warm (the estimate LRU already holds this config: the normal case, since the mutating webhook,
-its re-invocation and the validating webhook all judge the same config) and cold (a fresh
-policy per call: the memory model runs every time). Run: .venv/bin/python bench/admission_inprocess.py
+Target (G1): p99 <= 0.2 ms on a DeepSeek-V3 PyTorchJob (256 pods x 8 H800). The webhook
+remembers what it judged (dssup/admission/memo.py), so the cost depends on what the apiserver
+sends; every tier is reported, from cheapest to the strictest reading of the target:
+
+- repeat: the same job again (mutate re-invocation, controller UPDATEs, one template submitted
+  under many names): the decision memo answers.
+- validate after mutate: the validating webhook sees the object the mutating one admitted (its
+  annotation added): the evaluation memo answers, only the verdict is rebuilt.
+- fresh job: content never seen (a unique env var per job); only the estimate LRU is warm, so
+  parse, normalise, config resolution, verdict and encoding all run. This is G1's strict reading.
+- cold: a new policy per call; the memory model (and for a resize, the planner) runs.
+
+Run: .venv/bin/python bench/admission_inprocess.py
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures" / "admission"))
 from admission_helpers import cluster_cache, load, review
 
 from dssup.admission import Adapter, Policy
 from dssup.admission.server import tune_gc
+from dssup.admission.wire import loads
+
+CPU: dict[str, float] = {}
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -32,63 +47,120 @@ def _report(label: str, xs: list[float]) -> float:
     us = [x * 1e6 for x in xs]
     p99 = _pct(us, 0.99)
     print(
-        f"{label:<44} n={len(us):>6}  p50 {_pct(us, 0.5):8.1f} us  p99 {p99:8.1f} us  "
-        f"p99.9 {_pct(us, 0.999):8.1f} us  max {max(us):8.1f} us  mean {statistics.fmean(us):8.1f} us"
-        f"  cpu/call {CPU.get('last', 0.0) * 1e6:7.1f} us"
+        f"{label:<46} n={len(us):>6}  p50 {_pct(us, 0.5):7.1f} us  p99 {p99:7.1f} us  "
+        f"p99.9 {_pct(us, 0.999):7.1f} us  max {max(us):8.1f} us  mean {statistics.fmean(us):7.1f} us"
+        f"  cpu/call {CPU.get('last', 0.0) * 1e6:6.1f} us"
     )
     return p99
 
 
-CPU: dict[str, float] = {}
+def _containers(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "containers" and isinstance(value, list):
+                yield from (c for c in value if isinstance(c, dict))
+            else:
+                yield from _containers(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _containers(item)
 
 
-def _loop(adapter: Adapter, mode: str, body: bytes, n: int, collect: bool = True) -> list[float]:
-    """Wall time per call; the mean CPU time per call goes to CPU["last"] (robust to a busy box)."""
+def fresh(obj: dict[str, Any], i: int) -> dict[str, Any]:
+    """A job no memo has seen: the same config with a unique RUN_ID in every container."""
+    out = copy.deepcopy(obj)
+    for c in _containers(out.get("spec")):
+        c.setdefault("env", []).append({"name": "RUN_ID", "value": f"run-{i}"})
+    return out
+
+
+def _timed(calls: list[Callable[[], tuple[int, bytes]]]) -> list[float]:
+    """Wall time per call; the mean CPU time per call goes to CPU["last"]."""
+    gc.collect()
     out = []
-    if collect:
-        gc.collect()
     c0 = time.thread_time()
-    for _ in range(n):
+    for call in calls:
         t0 = time.perf_counter()
-        status, _ = adapter.handle(mode, body)  # type: ignore[arg-type]
+        status, _ = call()
         out.append(time.perf_counter() - t0)
         assert status == 200
-    CPU["last"] = (time.thread_time() - c0) / n
+    CPU["last"] = (time.thread_time() - c0) / len(calls)
     return out
+
+
+def _bodies(obj: dict[str, Any], n: int, start: int = 0) -> list[bytes]:
+    return [json.dumps(review(fresh(obj, start + i))).encode() for i in range(n)]
+
+
+def _admitted(adapter: Adapter, body: bytes) -> bytes:
+    """The object as the apiserver stores it after the mutating webhook's patch."""
+    import base64
+
+    import jsonpatch
+
+    resp = loads(adapter.handle("mutate", body)[1])["response"]
+    doc = loads(body)
+    if resp.get("patch"):
+        patch = json.loads(base64.b64decode(resp["patch"]))
+        doc["request"]["object"] = jsonpatch.apply_patch(doc["request"]["object"], patch)
+    return json.dumps(doc).encode()
 
 
 def main() -> None:
     cache = cluster_cache()
-    fits = json.dumps(review(load("pytorchjob-dsv3-fits.yaml"))).encode()
-    resize = json.dumps(review(load("pytorchjob-dsv3-resize.yaml"))).encode()
+    fits_obj, resize_obj = load("pytorchjob-dsv3-fits.yaml"), load("pytorchjob-dsv3-resize.yaml")
+    fits = json.dumps(review(fits_obj)).encode()
+    resize = json.dumps(review(resize_obj)).encode()
     print(
         f"review sizes: fits {len(fits)} B, resize {len(resize)} B; python {sys.version.split()[0]}"
     )
     adapter = Adapter(Policy(cache))
-    _loop(adapter, "validate", fits, 500)  # warm-up (imports, caches)
+    for body in [fits, resize, *_bodies(fits_obj, 300, 10**6)]:  # warm-up: imports, estimate LRU
+        adapter.handle("validate", body)
     tune_gc()  # what `dssup webhook serve` does after start-up
-    p99 = _report("warm validate, DeepSeek-V3 fits", _loop(adapter, "validate", fits, 20000))
-    _report("warm mutate, DeepSeek-V3 fits (annotation)", _loop(adapter, "mutate", fits, 20000))
-    _report("warm validate, DeepSeek-V3 deny + advice", _loop(adapter, "validate", resize, 5000))
-    _report("warm mutate, DeepSeek-V3 resize patch", _loop(adapter, "mutate", resize, 5000))
-    cold = []
-    c0 = time.thread_time()
-    for _ in range(60):
-        a = Adapter(Policy(cache))
-        cold += _loop(a, "validate", fits, 1, collect=False)
-    CPU["last"] = (time.thread_time() - c0) / 60  # includes building the policy
-    _report("cold validate (memory model runs), fits", cold)
-    cold = []
-    c0 = time.thread_time()
-    for _ in range(30):
-        a = Adapter(Policy(cache))
-        cold += _loop(a, "mutate", resize, 1, collect=False)
-    CPU["last"] = (time.thread_time() - c0) / 30
-    _report("cold mutate (estimate + plan + verify)", cold)
-    print(
-        f"G1 target p99 <= 200 us (warm validate): {'MET' if p99 <= 200 else 'MISSED'} ({p99:.1f} us);"
-        f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    h = adapter.handle
+    results: dict[str, float] = {}
+    results["repeat"] = _report(
+        "repeat: validate, DeepSeek-V3 fits", _timed([lambda: h("validate", fits)] * 20000)
     )
+    _report(
+        "repeat: mutate, DeepSeek-V3 resize patch", _timed([lambda: h("mutate", resize)] * 5000)
+    )
+    after: list[float] = []
+    cpu = 0.0
+    for batch in range(5):  # mutate 1,000 jobs, then validate what was admitted (LRU holds 4,096)
+        admitted = [_admitted(adapter, b) for b in _bodies(fits_obj, 1000, batch * 1000)]
+        after += _timed([lambda b=b: h("validate", b) for b in admitted])
+        cpu += CPU["last"] / 5
+    CPU["last"] = cpu
+    results["after-mutate"] = _report("validate after mutate, DeepSeek-V3 fits", after)
+    results["fresh"] = _report(
+        "fresh job: validate, DeepSeek-V3 fits",
+        _timed([lambda b=b: h("validate", b) for b in _bodies(fits_obj, 5000, 10**5)]),
+    )
+    _report(
+        "fresh job: mutate, DeepSeek-V3 fits",
+        _timed([lambda b=b: h("mutate", b) for b in _bodies(fits_obj, 5000, 2 * 10**5)]),
+    )
+    _report(
+        "fresh job: validate, deny + advice",
+        _timed([lambda b=b: h("validate", b) for b in _bodies(resize_obj, 2000, 3 * 10**5)]),
+    )
+    _report(
+        "fresh job: mutate, resize patch",
+        _timed([lambda b=b: h("mutate", b) for b in _bodies(resize_obj, 2000, 4 * 10**5)]),
+    )
+    _report(
+        "cold: validate (memory model runs)",
+        _timed([lambda: Adapter(Policy(cache)).handle("validate", fits)] * 60),
+    )
+    _report(
+        "cold: mutate (estimate + plan + verify)",
+        _timed([lambda: Adapter(Policy(cache)).handle("mutate", resize)] * 30),
+    )
+    for tier, p99 in results.items():
+        print(f"G1 p99 <= 200 us, {tier:<13}: {'MET' if p99 <= 200 else 'MISSED'} ({p99:.1f} us)")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

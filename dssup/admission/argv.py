@@ -18,7 +18,7 @@ from typing import Any
 
 from dssup.admission.view import ContainerView
 
-__all__ = ["ArgvEditor", "Hit", "find", "list_ops"]
+__all__ = ["ArgvEditor", "Hit", "find", "find_launch", "list_ops"]
 
 _FIELDS = ("command", "args")
 
@@ -76,6 +76,13 @@ def _number(text: str) -> bool:
 def find(c: ContainerView, names: frozenset[str]) -> list[Hit]:
     """Every occurrence of any flag in ``names`` in the container's command then args."""
     return list(_find(c.command, c.args, names))
+
+
+def find_launch(
+    command: tuple[str, ...], args: tuple[str, ...], names: frozenset[str]
+) -> tuple[Hit, ...]:
+    """``find`` on a bare launch line (cached; the result is shared, hence a tuple)."""
+    return _find(command, args, names)
 
 
 @lru_cache(maxsize=4096)

@@ -19,7 +19,7 @@ from dssup.admission.config import Incomplete, JobConfig, resolve
 from dssup.admission.decision import Decision
 from dssup.admission.gpus import GpuMemory, resolve_gpu
 from dssup.admission.kinds import SUPPORTED, is_controlled, normalise
-from dssup.admission.memo import Versioned, judgement_key
+from dssup.admission.memo import Versioned, content, digest
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import Sources, read_sources
 from dssup.admission.view import JobView
@@ -91,15 +91,20 @@ class Evaluator:
             self._estimates.put(key, est)
         return est  # type: ignore[no-any-return]
 
-    def evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
+    def evaluate(
+        self, obj: Mapping[str, Any], namespace: str, raw: bytes | None = None
+    ) -> Evaluation | Decision:
         """Judge ``obj``; raise ``ConfigError`` for a config that contradicts itself. Results are
-        remembered by content (``memo.py``): the validating webhook re-reads what the mutating
-        one read, plus the annotations it wrote, which no evaluation reads."""
+        remembered by content (``memo.py``; ``raw`` is that content when the caller has it): the
+        validating webhook re-reads what the mutating one read, plus annotations no evaluation
+        reads."""
         if self._generation is None or self._evaluations.size <= 0:
             return self._evaluate(obj, namespace)
-        key = judgement_key(obj, namespace, "evaluate", self._generation())
-        if key is None:
-            return self._evaluate(obj, namespace)
+        if raw is None:
+            raw = content(obj, namespace, self._generation(), keep_written=False)
+            if raw is None:
+                return self._evaluate(obj, namespace)
+        key = digest("evaluate", raw)
         found: Evaluation | Decision | None = self._evaluations.get(key)
         if found is None:
             found = self._evaluate(obj, namespace)

@@ -26,7 +26,7 @@ import orjson
 
 from dssup.admission import annotations as ann
 
-__all__ = ["VOLATILE_META", "WRITTEN", "Versioned", "judgement_key"]
+__all__ = ["VOLATILE_META", "WRITTEN", "Versioned", "content", "digest", "judgement_key"]
 
 VOLATILE_META = frozenset(
     {
@@ -55,32 +55,46 @@ class Versioned(Protocol):
     def generation(self) -> int: ...
 
 
-def _annotations(value: Any, scope: str) -> Any:
+def _annotations(value: Any, keep_written: bool) -> Any:
     if not isinstance(value, Mapping):
         return value  # absent or odd: the exact value decides how a patch must add them
-    skip = WRITTEN if scope != "mutate" else frozenset()
+    skip = frozenset() if keep_written else WRITTEN
     kept = {k: v for k, v in value.items() if k.startswith(ann.PREFIX) and k not in skip}
     return [True, kept]  # present (the mutating patch adds to it rather than creating it)
 
 
-def _stable(obj: Mapping[str, Any], scope: str) -> dict[str, Any]:
+def _stable(obj: Mapping[str, Any], keep_written: bool) -> dict[str, Any]:
     out = {k: v for k, v in obj.items() if k != "status"}
     meta = obj.get("metadata")
     if isinstance(meta, Mapping):
         kept = {k: v for k, v in meta.items() if k not in VOLATILE_META}
         if "annotations" in kept:
-            kept["annotations"] = _annotations(kept["annotations"], scope)
+            kept["annotations"] = _annotations(kept["annotations"], keep_written)
         out["metadata"] = kept
     return out
 
 
-def judgement_key(
-    obj: Mapping[str, Any], namespace: str, mode: str, generation: int
+def content(
+    obj: Mapping[str, Any], namespace: str, generation: int, *, keep_written: bool
 ) -> bytes | None:
-    """16 bytes naming everything a decision depends on; None when the object cannot be hashed
-    (values JSON cannot carry), in which case the caller simply judges it."""
+    """What a result depends on, as bytes; None when the object cannot be serialised (values
+    JSON cannot carry), in which case the caller simply judges it. Only the mutating webhook
+    reads the annotations dssup writes (``keep_written``): its patch must not repeat them."""
     try:
-        raw = orjson.dumps([mode, namespace, generation, _stable(obj, mode)])
+        return orjson.dumps([namespace, generation, _stable(obj, keep_written)])
     except TypeError:
         return None
-    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def digest(scope: str, raw: bytes) -> bytes:
+    """16-byte key of ``raw`` for one ``scope``: a webhook mode, or ``"evaluate"`` for the
+    mode-free evaluation (view, config, GPU, estimate) the webhooks share."""
+    return hashlib.blake2b(raw, digest_size=16, person=scope.encode()[:16]).digest()
+
+
+def judgement_key(
+    obj: Mapping[str, Any], namespace: str, scope: str, generation: int
+) -> bytes | None:
+    """``digest(scope, content(...))``: the key of a decision (scope = mode) or evaluation."""
+    raw = content(obj, namespace, generation, keep_written=scope == "mutate")
+    return None if raw is None else digest(scope, raw)

@@ -21,7 +21,7 @@ from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
-from dssup.admission.memo import Versioned, judgement_key
+from dssup.admission.memo import Versioned, content, digest
 from dssup.admission.messages import breakdown, describe, gib, peak_terms
 from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
@@ -111,22 +111,26 @@ class Policy:
     def judge(self, obj: Mapping[str, Any], namespace: str, mode: Mode) -> Decision:
         """Decide one object (the body of ``review``; also what ``dssup admit`` calls).
 
-        Decisions are remembered by ``judgement_key`` (see ``memo.py``); a cache that cannot say
-        when it changed (no ``generation``) turns the memory off."""
+        Decisions are remembered by content (see ``memo.py``); a cache that cannot say when it
+        changed (no ``generation``) turns the memory off. The validating webhook's content is
+        also the evaluation's, so it is serialised once."""
         if self._generation is None or self._memo.size <= 0:
-            return self._judge(obj, namespace, mode)
-        key = judgement_key(obj, namespace, mode, self._generation())
-        if key is None:
-            return self._judge(obj, namespace, mode)
+            return self._judge(obj, namespace, mode, None)
+        raw = content(obj, namespace, self._generation(), keep_written=mode == "mutate")
+        if raw is None:
+            return self._judge(obj, namespace, mode, None)
+        key = digest(mode, raw)
         decision: Decision | None = self._memo.get(key)
         if decision is None:
-            decision = self._judge(obj, namespace, mode)
+            decision = self._judge(obj, namespace, mode, None if mode == "mutate" else raw)
             self._memo.put(key, decision)
         return decision
 
-    def _judge(self, obj: Mapping[str, Any], namespace: str, mode: Mode) -> Decision:
+    def _judge(
+        self, obj: Mapping[str, Any], namespace: str, mode: Mode, raw: bytes | None
+    ) -> Decision:
         try:
-            ev = self.evaluator.evaluate(obj, namespace)
+            ev = self.evaluator.evaluate(obj, namespace, raw)
         except ConfigError as exc:
             return self._refuse(
                 mode, "invalid-config", f"dssup: invalid training config: {exc}", None

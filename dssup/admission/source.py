@@ -9,11 +9,12 @@ rather than guessed, except documented defaults (e.g. Megatron's global batch = 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-from dssup.admission.argv import Hit, find
+from dssup.admission.argv import Hit, find_launch
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES, all_names
 from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView
@@ -22,10 +23,11 @@ from dssup.errors import ConfigError
 __all__ = ["Found", "Sources", "positive", "read_sources", "switch"]
 
 _ALL = all_names()
-_NO_NAMES: frozenset[str] = frozenset()
+_FLAG_TABLES = (("megatron", MEGATRON), ("hf", HF))
+_FLAG_KNOBS = frozenset(MEGATRON) | frozenset(HF)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Found:
     """A value and the kind of place it came from (annotation, megatron, hf, env, deepspeed)."""
 
@@ -40,18 +42,15 @@ class Sources:
 
     view: JobView
     containers: list[tuple[PodSetView, ContainerView]]
-    flags: dict[str, list[Hit]] = field(default_factory=dict)
+    flags: Mapping[str, Sequence[Hit]] = field(default_factory=dict)
     deepspeed: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     _envs: dict[str, EnvVar] | None = None
+    _by_knob: Mapping[str, Found] = field(default_factory=dict)
 
     def flag(self, names: frozenset[str]) -> Hit | None:
-        for name in names:
-            hits = self.flags.get(name)
-            if hits:
-                return hits[0]
-        return None
+        return _first(self.flags, names)
 
     def has(self, names: frozenset[str]) -> bool:
         return any(self.flags.get(n) for n in names)
@@ -87,10 +86,9 @@ class Sources:
         """The first statement of ``knob``: annotation, Megatron flag, HF flag, env, DeepSpeed."""
         if annotation and annotation in self.view.annotations:
             return Found(self.view.annotations[annotation], "annotation", annotation)
-        for origin, table in (("megatron", MEGATRON), ("hf", HF)):
-            hit = self.flag(table.get(knob, _NO_NAMES))
-            if hit is not None and hit.value is not None:
-                return Found(hit.value, origin, hit.flag)
+        found = self._by_knob.get(knob)
+        if found is not None:
+            return found
         found = self.env(knob, cache)
         if found is not None:
             return found
@@ -102,17 +100,43 @@ class Sources:
         return None
 
 
-def _index(
-    containers: list[tuple[PodSetView, ContainerView]], warnings: list[str]
-) -> dict[str, list[Hit]]:
-    flags: dict[str, list[Hit]] = {}
-    for _, c in containers:
-        for hit in find(c, _ALL):
-            flags.setdefault(hit.flag, []).append(hit)
-    for name, hits in flags.items():
-        if len({h.value for h in hits}) > 1:
-            warnings.append(f"{name} differs between containers; using {hits[0].value}")
-    return flags
+def _first(flags: Mapping[str, Sequence[Hit]], names: frozenset[str]) -> Hit | None:
+    """The first occurrence of any spelling in ``names`` (alphabetical over spellings, so the
+    answer does not depend on set iteration order)."""
+    found = [hits[0] for name in names if (hits := flags.get(name))]
+    return min(found, key=lambda h: h.flag) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    flags: Mapping[str, tuple[Hit, ...]]
+    by_knob: Mapping[str, Found]  # the first Megatron, else HF, statement of each knob
+    warnings: tuple[str, ...]
+
+
+@lru_cache(maxsize=1024)
+def _index(launch: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]) -> _Index:
+    """Flags of the GPU containers' launch lines (command, args). Cached: replicated pod
+    templates and resubmitted jobs repeat the same launch lines while names and env change.
+    The result is shared, so it is immutable (tuples, and mappings nobody writes to)."""
+    lists: dict[str, list[Hit]] = {}
+    for command, args in launch:
+        for hit in find_launch(command, args, _ALL):
+            lists.setdefault(hit.flag, []).append(hit)
+    flags = {name: tuple(hits) for name, hits in lists.items()}
+    warnings = tuple(
+        f"{name} differs between containers; using {hits[0].value}"
+        for name, hits in flags.items()
+        if len({h.value for h in hits}) > 1
+    )
+    by_knob: dict[str, Found] = {}
+    for knob in _FLAG_KNOBS:
+        for origin, table in _FLAG_TABLES:
+            first = _first(flags, table.get(knob, frozenset()))
+            if first is not None and first.value is not None:
+                by_knob[knob] = Found(first.value, origin, first.flag)
+                break
+    return _Index(flags, by_knob, warnings)
 
 
 def _deepspeed(src: Sources, cache: ClusterCache) -> Mapping[str, Any] | None:
@@ -145,8 +169,9 @@ def _deepspeed(src: Sources, cache: ClusterCache) -> Mapping[str, Any] | None:
 def read_sources(view: JobView, cache: ClusterCache) -> Sources:
     """Collect flags from every GPU container of the job, and its DeepSpeed JSON if mounted."""
     containers = [(ps, c) for ps in view.training_sets for c in ps.containers if c.gpus > 0]
-    src = Sources(view=view, containers=containers)
-    src.flags = _index(containers, src.warnings)
+    index = _index(tuple((c.command, c.args) for _, c in containers))
+    src = Sources(view=view, containers=containers, flags=index.flags, _by_knob=index.by_knob)
+    src.warnings.extend(index.warnings)
     src.deepspeed = _deepspeed(src, cache)
     return src
 
