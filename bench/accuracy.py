@@ -4,6 +4,8 @@
     .venv/bin/python -m bench.accuracy --rerender bench/accuracy.json   # re-predict only
     .venv/bin/python -m bench.accuracy --only ID ...  # a subset, printed only
     .venv/bin/python -m bench.accuracy --add bench/accuracy.json  # measure configs it lacks
+    .venv/bin/python -m bench.accuracy --recalibrate bench/accuracy.json [--only ID ...]
+        # re-trace the profiles (of the groups of ID ...), keep measurements, re-predict
 
 For each config the eager profile of its (model, dtype, optimizer) is traced first (FakeTensorMode,
 one layer of each kind, micro-batch 1-2: ``dssup calibrate``), then the config itself is measured
@@ -180,6 +182,7 @@ def render(
     rem: list[dict[str, object]],
     cals: Calibrations,
     added: list[str] | None = None,
+    recalibrated: list[str] | None = None,
 ) -> str:
     """The markdown report."""
     errs = [abs(r.error) for r in rows if not r.dropless]
@@ -192,6 +195,7 @@ def render(
         f"torch {torch.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         *[f"Then `--add bench/accuracy.json`: {x}." for x in added or []],
+        *[f"Then `--recalibrate bench/accuracy.json`: {x}." for x in recalibrated or []],
         "",
         "Measured: allocator peak (MemTracker) over 2 AdamW steps of the reference model "
         "(`dssup.runtime.reference`); `real` runs are cross-checked against torch.profiler "
@@ -305,7 +309,8 @@ def _rerender(path: Path, out: Path) -> int:
     rows = _repredict(doc)
     cals = Calibrations()
     cals.seconds = doc.get("calibration_seconds", {})
-    out.write_text(render(rows, remedies(rows), cals, doc.get("added")))
+    text = render(rows, remedies(rows), cals, doc.get("added"), doc.get("recalibrated"))
+    out.write_text(text)
     return 0
 
 
@@ -352,6 +357,42 @@ def _add(path: Path, out: Path, jobs: int) -> int:
     return _rerender(path, out)
 
 
+def _calibrate_group(run: RunSpec) -> tuple[str, dict[str, Any], float]:
+    """One group's profile, traced afresh (one process)."""
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    profile = calibrate(calibration_key(run))
+    return calibration_id(run), profile.model_dump(mode="json"), time.perf_counter() - start
+
+
+def _recalibrate(path: Path, out: Path, jobs: int, only: list[str] | None) -> int:
+    """Re-trace the profiles of the groups of ``only`` (every group if None) after the profile
+    gained a term; the measurements stay, every prediction is recomputed."""
+    doc = json.loads(path.read_text())
+    runs: dict[str, RunSpec] = {}
+    for c in CONFIGS:
+        if only is None or c.id in only:
+            runs.setdefault(calibration_id(c.run), c.run)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(jobs) as pool:
+        results = pool.map(_calibrate_group, list(runs.values()), chunksize=1)
+    names = []
+    for (k, profile, secs), run in zip(results, runs.values(), strict=True):
+        doc["profiles"][k] = profile
+        name = f"{run.model.name}/{run.dtype}/{run.optimizer}"
+        doc["calibration_seconds"][name] = secs
+        names.append(name)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    doc["recalibrated"] = [
+        *doc.get("recalibrated", []),
+        f"profile(s) of {', '.join(names)} re-traced on {stamp}",
+    ]
+    doc["rows"] = [asdict(r) for r in _repredict(doc)]
+    doc["remedies"] = remedies(_repredict(doc))
+    path.write_text(json.dumps(doc, indent=1))
+    return _rerender(path, out)
+
+
 def _run(configs: list[Config], jobs: int) -> tuple[list[Row], dict[str, float], dict[str, Any]]:
     """Evaluate ``configs`` (one process per calibration group); rows in ``configs`` order."""
     groups: dict[str, list[Config]] = {}
@@ -388,7 +429,16 @@ def main(argv: list[str]) -> int:
         default=None,
         help="measure the configs a --json-out file lacks, merge them in and re-render",
     )
+    ap.add_argument(
+        "--recalibrate",
+        type=Path,
+        default=None,
+        help="re-trace the profiles of a --json-out file (of the --only configs' groups), "
+        "keep its measurements, re-predict and re-render",
+    )
     args = ap.parse_args(argv)
+    if args.recalibrate is not None:
+        return _recalibrate(args.recalibrate, args.out, args.jobs, args.only)
     if args.rerender is not None:
         return _rerender(args.rerender, args.out)
     if args.add is not None:

@@ -16,12 +16,21 @@ from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_term
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.defaults import Resolved
 from dssup.memory.params import Split
-from dssup.memory.profile import eager_constant, eager_terms
+from dssup.memory.profile import eager_constant, eager_tail, eager_terms
 from dssup.memory.spec import ModelSpec
 from dssup.memory.stages import StageParams, padded_vocab, partition, stage_params
 from dssup.memory.zero import ModelStates, model_states
 
-__all__ = ["PreparedStage", "States", "device_split", "in_flight", "make_ctx", "prepare", "states"]
+__all__ = [
+    "PreparedStage",
+    "States",
+    "device_split",
+    "end_of_backward",
+    "in_flight",
+    "make_ctx",
+    "prepare",
+    "states",
+]
 
 
 def make_ctx(
@@ -67,6 +76,7 @@ class PreparedStage:
     params: StageParams
     terms: tuple[Term, ...]  # per sample, every group
     acts: dict[Recompute, int]  # kept per-sample bytes by recompute level
+    tail: dict[Recompute, int] | None  # eager end-of-backward per-sample bytes by level
 
 
 def _terms(c: Ctx, m: ModelSpec, sp: StageParams) -> tuple[Term, ...]:
@@ -94,8 +104,16 @@ def prepare(
     for i, layers in enumerate(partition(m.layers, layout)):
         sp = stage_params(m, layout, conv, layers, i)
         terms, acts = _stage_terms(c, sp)
-        out.append(PreparedStage(i, layers, sp, terms, acts))
+        out.append(PreparedStage(i, layers, sp, terms, acts, _tail(c)))
     return out
+
+
+def _tail(c: Ctx) -> dict[Recompute, int] | None:
+    """Per-sample end-of-backward bytes of an eager profile that has the term."""
+    if c.profile is None:
+        return None
+    found = {rc: eager_tail(c.profile, rc, c.s, c.t) for rc in RECOMPUTE_LEVELS}
+    return {rc: v[0] for rc, v in found.items() if v is not None} or None
 
 
 @lru_cache(maxsize=4096)
@@ -121,6 +139,7 @@ class States:
     working_set: int  # ZeRO-3 gathered parameters
     transient: int  # optimizer-step temporaries
     host: int
+    tail: int | None = None  # eager end of backward over ``static``, less its per-sample bytes
 
 
 def states(
@@ -161,13 +180,24 @@ def _eager_states(st: PreparedStage, t: Training, ms: ModelStates, ws: int) -> S
     grads_fb = 0 if (p.grads_freed_between_steps and t.grad_accum == 1) else ms.gradients
     edge = st.params.first or st.params.last
     sp = st.params
+    zero3_ws = ws
     ws += eager_constant(p, sp.dense_layers, sp.moe_layers, edge, t.recompute)
     opt_tmp = math.ceil(p.optimizer_transient_per_param * ms.shard_params)
     host = ms.host + (opt_tmp if t.offload_optimizer else 0)
     if t.offload_optimizer:
         opt_tmp = 0
     static = ms.weights + ms.optimizer + grads_fb
-    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host)
+    found = eager_tail(p, t.recompute, t.seq_len, 1)
+    tail = None if found is None else zero3_ws + ms.gradients - grads_fb + found[1]
+    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host, tail)
+
+
+def end_of_backward(st: PreparedStage, s: States, t: Training, buffers: int) -> int | None:
+    """Eager end-of-backward peak (every gradient plus the first block's and the embedding's
+    backward), or None without such a term. It is part of the forward-backward phase."""
+    if s.tail is None or st.tail is None:
+        return None
+    return s.static + s.tail + st.tail[t.recompute] * t.micro_batch + buffers
 
 
 def activations(per_sample: int, micro_batch: int, count: int, factor: float) -> tuple[int, int]:

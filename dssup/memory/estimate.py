@@ -1,6 +1,7 @@
 """Assemble the per-stage, per-term device memory of a training config (spec section 8).
 
     forward/backward peak = W + G + O + in_flight * activations + ZeRO-3 working set + buffers
+                            (eager profile: or its end-of-backward term, if higher)
     optimizer-step peak   = W + G + O + optimizer transients (no activations)
     device total          = max(both) * (1 + fragmentation) + CUDA context + calibration
 
@@ -17,6 +18,7 @@ from dssup.memory.core import (
     PreparedStage,
     activations,
     device_split,
+    end_of_backward,
     finish,
     in_flight,
     prepare,
@@ -37,6 +39,9 @@ def _stage(
     count, factor = in_flight(layout, st.index, t.grad_accum)
     per_mb, acts = activations(st.acts[t.recompute], t.micro_batch, count, factor)
     fb = s.static + acts + s.working_set + r.comm_buffer_bytes
+    tail = end_of_backward(st, s, t, r.comm_buffer_bytes)
+    if tail is not None:  # eager: the end of backward can top the start (optimizer offloaded)
+        fb = max(fb, tail)
     opt = s.static + s.transient
     frag, total = finish(max(fb, opt), r, ov)
     b = t.micro_batch

@@ -143,6 +143,13 @@ class _Row(NamedTuple):
     base_fb: int
     opt: int
     shard: int
+    tail: dict[Recompute, int] | None  # eager end of backward: per-sample bytes by level
+    tail_base: int  # eager end of backward: batch-independent bytes (with static, buffers)
+
+
+def _tail(row: _Row, rc: Recompute) -> tuple[int, int]:
+    """(per-sample, batch-independent) end-of-backward bytes of ``row``; (0, -1) without."""
+    return (row.tail[rc], row.tail_base) if row.tail is not None else (0, -1)
 
 
 class _Search:
@@ -219,7 +226,11 @@ class _Search:
             r.cuda_context_bytes + ov.calibration_bytes,
             self.budget,
         )
-        table = [(g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt) for g in rows_st]
+        # Without an eager end-of-backward term its bytes are -1: never above the peak.
+        table = [
+            (g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt, *_tail(g, rc))
+            for g in rows_st
+        ]
         req = self.req
         curve = cost_curve(
             req.cost,
@@ -243,8 +254,11 @@ class _Search:
         for i, b in enumerate(micro):
             m = rows // b
             best, row, fb_best = -1, rows_st[0], 0
-            for g, fixed, depth, a, base_fb, opt in table:
-                fb = base_fb + math.ceil(a * b * (fixed or (depth if depth < m else m)))
+            for g, fixed, depth, a, base_fb, opt, tail_a, tail_base in table:
+                fb = max(  # the eager end of backward can top the start of backward
+                    base_fb + math.ceil(a * b * (fixed or (depth if depth < m else m))),
+                    tail_base + tail_a * b,
+                )
                 alloc = fb if fb >= opt else opt
                 if alloc > best:
                     best, row, fb_best = alloc, g, fb
@@ -282,6 +296,8 @@ class _Search:
                     s.static + s.working_set + self.r.comm_buffer_bytes,
                     s.static + s.transient,
                     s.ms.shard_params,
+                    g.tail if s.tail is not None else None,
+                    s.static + (s.tail or 0) + self.r.comm_buffer_bytes,
                 )
             )
         return out

@@ -10,7 +10,13 @@ and 2, every recompute level) and fits, per recompute level,
 
     forward/backward peak - W - O = b * (n_dense * a_dense + n_moe * a_moe + a_stage)
                                   +      n_dense * c_dense + n_moe * c_moe + c_stage
+    end-of-backward peak  - W - G - O = b * e_sample + e_constant
     optimizer-step peak   - W - G - O = t_opt * parameters
+
+The end of backward (the first block's and the embedding's backward, every other gradient
+already there) matters only when the optimizer is off the device: otherwise the optimizer step
+holds the same gradients and more. Its term is the stage's (first layer plus embedding), whatever
+the layer count.
 
 The result is this model, stored as JSON; the caller parses it and passes it in
 ``Training.implementation``. The memory model itself stays pure: no torch, no files.
@@ -23,7 +29,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["EagerProfile", "LayerCoefficients", "LevelBytes", "eager_constant", "eager_terms"]
+__all__ = [
+    "EagerProfile",
+    "LayerCoefficients",
+    "LevelBytes",
+    "eager_constant",
+    "eager_tail",
+    "eager_terms",
+]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 Level = Literal["none", "selective", "full"]
@@ -64,6 +77,11 @@ class EagerProfile(BaseModel):
     moe: LayerCoefficients | None = Field(None, description="one MoE layer")
     stage: LayerCoefficients = Field(
         description="embedding, final norm, head, loss, MTP and the backward-start transients"
+    )
+    end_of_backward: LayerCoefficients | None = Field(
+        None,
+        description="the end-of-backward peak over W + G + O (first block and embedding "
+        "backward); None in profiles calibrated before it was traced",
     )
     optimizer_transient_per_param: float = Field(
         ge=0.0, description="optimizer-step temporaries, bytes per optimizer-shard parameter"
@@ -111,3 +129,15 @@ def eager_constant(
         if coef is not None:
             total += coef.constant.at(level) * count
     return total
+
+
+def eager_tail(p: EagerProfile, level: str, seq_len: int, divisor: int) -> tuple[int, int] | None:
+    """(per-sample, batch-independent) bytes over W + G + O at the end of backward at recompute
+    ``level``, or None when the profile has no such term. Per-sample bytes scale as in
+    ``eager_terms``."""
+    if p.end_of_backward is None:
+        return None
+    coef = p.end_of_backward
+    return _scaled(coef.per_sample.at(level), seq_len / p.seq_len / divisor), coef.constant.at(
+        level
+    )

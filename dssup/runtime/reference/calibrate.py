@@ -4,10 +4,15 @@ For every recompute level it traces, under FakeTensorMode (full shapes, nothing 
 small models made of the run's own layers -- one layer of the first kind, then one more dense
 and one more MoE layer -- at micro-batch 1 and 2, and solves the linear model documented in
 ``dssup.memory.profile`` exactly: the per-sample slope and constant of each layer kind and of
-the stage (embedding, head, loss, MTP). The optimizer-step temporaries come from the same traces.
+the stage (embedding, head, loss, MTP). The optimizer-step temporaries and the end-of-backward
+term (the peak while the first block and the embedding run backward, over all gradients) come from
+the same traces: the latter from the micro-batch 1 and 2 points of the one-layer model, since that
+window holds the first layer and the embedding whatever the layer count.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -48,8 +53,23 @@ def phase_peaks(meas: Measurement) -> tuple[int, int, int]:
     return fb["Total"], fb.get("Gradient", 0), pk[f"{last}:optimizer"]["Total"]
 
 
-def _point(run: RunSpec, b: int, params: int, tensors: int) -> tuple[int, bool, float]:
-    """(fwd/bwd residual over W + O, activation-dominated?, optimizer bytes per param).
+class _Point(NamedTuple):
+    residual: int  # fwd/bwd peak over W + O
+    activation_regime: bool  # peak before most gradients exist
+    step: float  # optimizer-step bytes per parameter over W + G + O
+    tail: int  # end-of-backward peak over W + O + all gradients
+
+
+class _Residuals(NamedTuple):
+    low: int  # residual at b
+    high: int  # residual at 2b
+    b: int
+    step: float
+    tails: tuple[int, int]  # end-of-backward residual at micro-batch 1 and 2
+
+
+def _point(run: RunSpec, b: int, params: int, tensors: int) -> _Point:
+    """Residuals of one traced step at micro-batch ``b``.
 
     One step is traced: AdamW creates its state lazily in the first step, so the first
     forward/backward holds exactly what a steady-state one holds minus O (added back here), and
@@ -62,6 +82,7 @@ def _point(run: RunSpec, b: int, params: int, tensors: int) -> tuple[int, bool, 
         run.model_copy(update={"micro_batch": b, "steps": 1}), "real" if dropless else "fake"
     )
     fb, grads, opt = phase_peaks(meas)
+    tail = meas.tail_peaks[str(meas.run.steps)]["Total"]
     # Activation regime: the peak is at the start of backward, before most gradients exist.
     # At tiny micro-batches it moves to the end of backward (gradient-dominated), where the
     # optimizer-step peak covers it; those points say nothing about activations.
@@ -69,20 +90,22 @@ def _point(run: RunSpec, b: int, params: int, tensors: int) -> tuple[int, bool, 
     step = opt - params * (prec.weights + prec.gradients + prec.optimizer)
     # Steady state also holds O: the analytic states plus AdamW's fp32 ``step`` scalar per
     # parameter tensor (batch-independent; it lands in the per-layer constants).
-    return fb - params * prec.weights + 4 * tensors, activation_regime, step / params
+    fb_residual = fb - params * prec.weights + 4 * tensors
+    tail_residual = tail - params * (prec.weights + prec.gradients) + 4 * tensors
+    return _Point(fb_residual, activation_regime, step / params, tail_residual)
 
 
-def _residuals(run: RunSpec, dense: int, moe: int) -> tuple[int, int, int, float]:
-    """(residual at b, residual at 2b, b, optimizer bytes per param) of one reduced model, at
-    the smallest micro-batch b (1, 2, 4, ...) whose peaks are both activation-dominated."""
+def _residuals(run: RunSpec, dense: int, moe: int) -> _Residuals:
+    """Residuals of one reduced model at the smallest micro-batch b (1, 2, 4, ...) whose peaks
+    are both activation-dominated, and its end-of-backward residuals at micro-batch 1 and 2."""
     r = run.model_copy(update={"model": reduced_spec(run.model, dense, moe)})
     params, tensors = _param_count(r)
-    b, low = 1, _point(r, 1, params, tensors)
-    while True:
-        high = _point(r, 2 * b, params, tensors)
-        if (low[1] and high[1]) or b >= MAX_MICRO_BATCH:
-            return low[0], high[0], b, max(low[2], high[2])
+    b, low, high = 1, _point(r, 1, params, tensors), _point(r, 2, params, tensors)
+    tails = (low.tail, high.tail)
+    while not (low.activation_regime and high.activation_regime) and b < MAX_MICRO_BATCH:
         b, low = 2 * b, high
+        high = _point(r, 2 * b, params, tensors)
+    return _Residuals(low.residual, high.residual, b, max(low.step, high.step), tails)
 
 
 def _param_count(run: RunSpec) -> tuple[int, int]:
@@ -97,7 +120,8 @@ def _param_count(run: RunSpec) -> tuple[int, int]:
 
 
 def _fit(run: RunSpec) -> tuple[dict[str, tuple[int, int]], float]:
-    """Slope and intercept per coefficient name at one recompute level, and t_opt."""
+    """Slope and intercept per coefficient name at one recompute level (``end_of_backward``
+    included), and t_opt."""
     has_dense, has_moe = kinds(run.model)
     base = (1, 0) if has_dense else (0, 1)
     points = {base: _residuals(run, *base)}
@@ -106,7 +130,7 @@ def _fit(run: RunSpec) -> tuple[dict[str, tuple[int, int]], float]:
     if has_moe:
         points[(base[0], base[1] + 1)] = _residuals(run, base[0], base[1] + 1)
     # slope and intercept of the residual in b, from the points (b, r1) and (2b, r2)
-    line = {k: ((v[1] - v[0]) // v[2], 2 * v[0] - v[1]) for k, v in points.items()}
+    line = {k: ((v.high - v.low) // v.b, 2 * v.low - v.high) for k, v in points.items()}
     out: dict[str, tuple[int, int]] = {}
     if has_dense:
         d = line[(base[0] + 1, base[1])]
@@ -116,14 +140,18 @@ def _fit(run: RunSpec) -> tuple[dict[str, tuple[int, int]], float]:
         out["moe"] = (mm[0] - line[base][0], mm[1] - line[base][1])
     first = out["dense" if has_dense else "moe"]
     out["stage"] = (line[base][0] - first[0], line[base][1] - first[1])
-    t_opt = max(v[3] for v in points.values())
+    # The end-of-backward window holds the first layer and the embedding only: the one-layer
+    # model's line is the stage's (the other models share its first layer).
+    t1, t2 = points[base].tails
+    out["end_of_backward"] = (t2 - t1, 2 * t1 - t2)
+    t_opt = max(v.step for v in points.values())
     return out, t_opt
 
 
 def calibrate(run: RunSpec) -> EagerProfile:
     """The eager profile of ``run``'s model, dtype and optimizer (micro-batch is ignored)."""
     fits = {level: _fit(run.model_copy(update={"recompute": level})) for level in LEVELS}
-    names = fits["none"][0].keys()
+    names = fits["none"][0].keys() - {"end_of_backward"}
 
     def coef(name: str) -> LayerCoefficients:
         per = LevelBytes(**{lv: fits[lv][0][name][0] for lv in LEVELS})
@@ -140,5 +168,6 @@ def calibrate(run: RunSpec) -> EagerProfile:
         dense=coef("dense") if "dense" in names else None,
         moe=coef("moe") if "moe" in names else None,
         stage=coef("stage"),
+        end_of_backward=coef("end_of_backward"),
         optimizer_transient_per_param=max(fits[lv][1] for lv in LEVELS),
     )

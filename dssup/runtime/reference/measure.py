@@ -6,6 +6,11 @@ nothing allocated). It records the peak bytes, the breakdown at the peak (parame
 optimizer state, activations, temporaries) and the phase holding it (forward, backward,
 optimizer step). A real run is cross-checked against an independent source, ``torch.profiler``
 memory events, and a disagreement raises ``MeasurementMismatch`` instead of being reported.
+
+It also records each step's *end of backward*: the peak from the moment the first block's
+output gradient is complete (its backward, and the embedding's, are all that is left) to the
+optimizer step. That window holds nearly all gradients; with the optimizer off the device it
+can hold the step's peak, and ``dssup calibrate`` fits the eager profile's term for it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -62,6 +68,11 @@ class Measurement(BaseModel):
     phase_peaks: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="'step:phase' -> breakdown at that phase's own peak"
     )
+    tail_peaks: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="'step' -> breakdown at the peak of the end of backward (first block's "
+        "backward and the embedding's)",
+    )
 
 
 class _PhaseTracker(MemTracker):  # type: ignore[no-untyped-call]
@@ -74,6 +85,20 @@ class _PhaseTracker(MemTracker):  # type: ignore[no-untyped-call]
         self.step = 0
         self.peak_at: tuple[Phase, int] = ("forward", 0)
         self.phase_peaks: dict[str, dict[str, int]] = {}
+        self.in_tail = False  # set when the first block's output gradient is complete
+        self.tail_peaks: dict[str, dict[str, int]] = {}
+
+    def watch_tail(self, first_block: nn.Module) -> None:
+        """Start the end-of-backward window when ``first_block``'s output gradient exists."""
+
+        def mark(_grad: torch.Tensor) -> None:
+            self.in_tail = self.phase == "backward"
+
+        def hook(_mod: nn.Module, _args: Any, out: Any) -> None:
+            if isinstance(out, torch.Tensor) and out.requires_grad and self.phase == "forward":
+                out.register_hook(mark)  # type: ignore[no-untyped-call]
+
+        first_block.register_forward_hook(hook)
 
     def _update_peak_stats(self, peak_state: Any) -> None:
         before = self._peak_mem.get(DEVICE, 0)
@@ -86,6 +111,11 @@ class _PhaseTracker(MemTracker):  # type: ignore[no-untyped-call]
             best = self.phase_peaks.get(key)
             if best is None or snap["Total"] > best["Total"]:
                 self.phase_peaks[key] = {str(getattr(k, "value", k)): v for k, v in snap.items()}
+            tail = self.tail_peaks.get(str(self.step))
+            if self.in_tail and (tail is None or snap["Total"] > tail["Total"]):
+                self.tail_peaks[str(self.step)] = {
+                    str(getattr(k, "value", k)): v for k, v in snap.items()
+                }
 
 
 Optimizer = torch.optim.Optimizer | ShardedAdamW
@@ -113,7 +143,7 @@ def _steps(
         mt.step = i
         mt.reset_mod_stats()
         opt.zero_grad(set_to_none=True)
-        mt.phase = "forward"
+        mt.phase, mt.in_tail = "forward", False
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.dtype == "amp"):
             loss = model(tokens)
         mt.phase = "backward"
@@ -123,7 +153,7 @@ def _steps(
             warnings.filterwarnings("ignore", "Expected a tensor", UserWarning)
             loss.backward()
         del loss
-        mt.phase = "optimizer"
+        mt.phase, mt.in_tail = "optimizer", False
         opt.step()
 
 
@@ -160,6 +190,7 @@ def measure(
             else torch.randint(0, run.model.vocab, (run.micro_batch, run.seq_len))
         )
         mt = _PhaseTracker()
+        mt.watch_tail(model.layers[0])
         mt.track_external(model, _inner(opt), tokens)
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
@@ -190,4 +221,5 @@ def measure(
         profiler_peak_bytes=prof_peak,
         seconds=seconds,
         phase_peaks=mt.phase_peaks,
+        tail_peaks=mt.tail_peaks,
     )

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
+from dssup.memory import (
+    Layout,
+    ModelSpec,
+    Overheads,
+    PlanRequest,
+    Precision,
+    Training,
+    estimate,
+    plan,
+)
 from dssup.memory.activations import keep
 from dssup.memory.profile import EagerProfile, LayerCoefficients, LevelBytes
 
@@ -77,3 +86,76 @@ def test_profile_json_round_trip_and_unknown_fields_rejected() -> None:
     assert EagerProfile.model_validate_json(text) == PROFILE
     with pytest.raises(ValueError, match="extra"):
         EagerProfile.model_validate_json(text.replace('"kind"', '"surprise":1,"kind"'))
+
+
+# The end of backward: every gradient plus the first block's and the embedding's backward.
+TAIL = PROFILE.model_copy(
+    update={
+        "end_of_backward": LayerCoefficients(
+            per_sample=_lv(900, 700, 500), constant=_lv(-300, -300, 1_000)
+        )
+    }
+)
+
+
+def _tail_est(**kw: object) -> tuple[int, str]:
+    return _est(implementation=TAIL, **kw)
+
+
+def test_end_of_backward_tops_an_offloaded_optimizer_step() -> None:
+    peak, phase = _tail_est(micro_batch=1, recompute="full", offload_optimizer=True)
+    assert (peak, phase) == (PARAMS * (4 + 4) + 500 + 1_000, "forward-backward")
+
+
+def test_end_of_backward_below_the_optimizer_step_changes_nothing() -> None:
+    assert _tail_est(micro_batch=1, recompute="full") == _est(micro_batch=1, recompute="full")
+    big = {"micro_batch": 10_000, "recompute": "none"}  # the start of backward dominates
+    assert _tail_est(**big, offload_optimizer=True) == _est(**big, offload_optimizer=True)
+
+
+def test_end_of_backward_per_sample_bytes_scale_with_micro_batch_and_sequence() -> None:
+    off = {"recompute": "full", "offload_optimizer": True}
+    one, _ = _tail_est(micro_batch=1, **off)
+    two, _ = _tail_est(micro_batch=2, **off)
+    longer, _ = _tail_est(micro_batch=1, seq_len=512, **off)
+    assert (two - one, longer - one) == (500, 500)
+
+
+def test_end_of_backward_with_accumulation_keeps_gradients_once() -> None:
+    peak, _ = _tail_est(micro_batch=1, recompute="full", offload_optimizer=True, grad_accum=2)
+    # G is already in the forward/backward states: the start of backward (5600 + 110) stays
+    # the peak; counting G twice at the end of backward would top it by PARAMS * 4.
+    assert peak == PARAMS * (4 + 4) + 100 * 4 + 5200 + 4 * 10 + 70
+
+
+def test_planner_agrees_with_estimate_on_the_end_of_backward() -> None:
+    t = Training(seq_len=256, precision=FP32, implementation=TAIL, recompute="full")
+    req = PlanRequest(
+        model=MODEL,
+        gpu_memory_bytes=PARAMS * (4 + 4) + 1_600,  # exactly room for micro-batch 1, offloaded
+        global_batch=1,
+        world_size=1,
+        training=t,
+        overheads=NONE,
+        recompute=("full",),
+        zero_stages=(0,),
+        margin=0.0,
+        limit=100,
+    )
+    res = plan(req)
+    assert [(c.training.micro_batch, c.training.offload_optimizer) for c in res.candidates] == [
+        (1, True)
+    ]
+    c = res.candidates[0]
+    e = estimate(MODEL, c.layout, c.training, NONE)
+    assert (
+        (c.peak_bytes, c.phase)
+        == (e.peak_bytes, e.peak_phase)
+        == (PARAMS * 8 + 1_500, "forward-backward")
+    )
+
+
+def test_profile_without_end_of_backward_still_loads() -> None:
+    old = PROFILE.model_dump(mode="json")
+    del old["end_of_backward"]
+    assert EagerProfile.model_validate(old).end_of_backward is None
