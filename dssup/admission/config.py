@@ -244,6 +244,37 @@ def _batches(src: Sources, cache: ClusterCache, dp: int) -> tuple[int, int, bool
     return micro, global_batch, stated is not None, origins
 
 
+@lru_cache(maxsize=1024)
+def _layout(tp: int, pp: int, cp: int, dp: int, ep: int, etp: int, sp: bool, vpp: int) -> Layout:
+    """Validated once per distinct layout: the models are frozen, and many jobs share one."""
+    schedule = "interleaved" if vpp >= 2 else "1f1b"
+    return Layout(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, sp=sp, vpp=vpp, schedule=schedule)
+
+
+@lru_cache(maxsize=1024)
+def _training(
+    micro: int,
+    seq: int,
+    accum: int,
+    recompute: str,
+    zero: int,
+    off_opt: bool,
+    off_par: bool,
+    precision: Precision | None,
+) -> Training:
+    """Validated once per distinct setting (see ``_layout``)."""
+    return Training(
+        micro_batch=micro,
+        seq_len=seq,
+        grad_accum=accum,
+        recompute=recompute,
+        zero_stage=zero,
+        offload_optimizer=off_opt,
+        offload_params=off_par,
+        precision=precision,
+    )
+
+
 def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
     """Model, layout and training of the job; ``Incomplete`` or ``ConfigError`` otherwise."""
     if src.problems:
@@ -263,16 +294,8 @@ def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
     per_vstage = positive(src.lookup("layers_per_vstage", None, cache), "layers per virtual stage")
     if per_vstage and model.layers % (pp * per_vstage) == 0:
         vpp = model.layers // (pp * per_vstage)
-    layout = Layout(
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        dp=dp,
-        ep=int(lv.get("ep", 1)),
-        etp=int(lv.get("etp", 1)),
-        sp=bool(lv.get("sp", False)),
-        vpp=vpp,
-        schedule="interleaved" if vpp >= 2 else "1f1b",
+    layout = _layout(
+        tp, pp, cp, dp, int(lv.get("ep", 1)), int(lv.get("etp", 1)), bool(lv.get("sp", False)), vpp
     )
     micro, global_batch, stated, origins = _batches(src, cache, dp)
     seq, origins["seq_len"] = _seq(src, cache, warnings)
@@ -285,15 +308,15 @@ def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
             raise ConfigError(f_zero.where, f"ZeRO stage {f_zero.value!r}", "use 0, 1, 2 or 3")
         zero = int(f_zero.value)
     off_opt, off_par = _offload(src)
-    training = Training(
-        micro_batch=micro,
-        seq_len=seq,
-        grad_accum=global_batch // (micro * dp),
-        recompute=f_rec.value if f_rec else "none",
-        zero_stage=zero,
-        offload_optimizer=off_opt,
-        offload_params=off_par,
-        precision=_precision(src),
+    training = _training(
+        micro,
+        seq,
+        global_batch // (micro * dp),
+        f_rec.value if f_rec else "none",
+        zero,
+        off_opt,
+        off_par,
+        _precision(src),
     )
     return JobConfig(
         model, model_key, layout, training, global_batch, stated, origins, tuple(warnings)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from dssup.admission.argv import Hit, find_launch
 from dssup.admission.cache import ClusterCache
@@ -27,9 +27,9 @@ _FLAG_TABLES = (("megatron", MEGATRON), ("hf", HF))
 _FLAG_KNOBS = frozenset(MEGATRON) | frozenset(HF)
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A value and the kind of place it came from (annotation, megatron, hf, env, deepspeed)."""
+class Found(NamedTuple):
+    """A value and the kind of place it came from (annotation, megatron, hf, env, deepspeed).
+    Immutable (some are cached per launch line and shared) and cheap to build."""
 
     value: str
     origin: str
