@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
@@ -33,8 +32,7 @@ class Incomplete(DssupError):
         super().__init__("; ".join(missing))
 
 
-@dataclass(frozen=True, slots=True)
-class JobConfig:
+class JobConfig(NamedTuple):
     """Everything the memory model needs, plus provenance for patches and messages."""
 
     model: ModelSpec
@@ -43,7 +41,7 @@ class JobConfig:
     training: Training
     global_batch: int
     global_batch_stated: bool
-    origins: dict[str, str] = field(default_factory=dict)  # knob -> annotation|megatron|hf|...
+    origins: dict[str, str]  # knob -> annotation|megatron|hf|...
     warnings: tuple[str, ...] = ()
 
 

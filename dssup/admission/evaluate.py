@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dssup.admission.cache import ClusterCache
 from dssup.admission.config import Incomplete, JobConfig, resolve
@@ -50,8 +49,7 @@ class LRU:
             self._data.popitem(last=False)
 
 
-@dataclass(frozen=True, slots=True)
-class Evaluation:
+class Evaluation(NamedTuple):
     """A job that could be judged, with everything needed to explain and to resize it."""
 
     view: JobView

@@ -10,7 +10,7 @@ shares its memory, so the usable share is divided. A configurable reserve is sub
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dssup.admission.cache import ClusterCache
 
@@ -45,8 +45,7 @@ GPU_TABLE_MIB: dict[str, int] = {
 _MIG = re.compile(r"-MIG-\d+g\.(\d+)gb$", re.IGNORECASE)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuMemory:
+class GpuMemory(NamedTuple):
     """Usable bytes of one GPU after the reserve, and where the figure came from."""
 
     product: str

@@ -13,8 +13,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -58,8 +57,7 @@ def copy_json(doc: Any) -> Any:
     return loads(dumps(doc))
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionRequest:
+class AdmissionRequest(NamedTuple):
     """The fields of ``request`` that dssup reads; ``obj`` is None on DELETE."""
 
     uid: str
