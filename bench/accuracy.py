@@ -252,8 +252,8 @@ def render(
         "- The prediction uses a profile traced from the *same implementation at the same "
         "hidden sizes* (one and two layers, micro-batch 1-2, one step); what is validated is the "
         "estimator's assembly around it -- exact parameter/gradient/optimizer bytes, the phase "
-        "logic (gradients freed between steps, optimizer-step temporaries, the start-of-backward "
-        "peak), and the extrapolation to more layers, larger micro-batches and other recompute "
+        "logic (gradients freed between steps, optimizer-step temporaries, the start- and "
+        "end-of-backward peaks), and the extrapolation to more layers, larger micro-batches and other recompute "
         "levels. Near-zero errors are expected from that design, not a claim about an "
         "uncalibrated formula: the `megatron` column shows an uncalibrated formula is off by "
         "-36 % to +22 % on eager PyTorch.",
@@ -273,9 +273,12 @@ def render(
         "measured. Under offload the device keeps full gradients until the optimizer step (the "
         "model's assumption); DeepSpeed streams them to the host during backward instead.",
         "- With full recompute at micro-batch 1 and the optimizer offloaded, the measured peak is "
-        "the end of backward (all gradients plus the last backward temporaries), which the eager "
-        "profile does not model separately (the optimizer-step peak covers it whenever the "
-        "optimizer is on the device): a small under-prediction shows there.",
+        "the end of backward (all gradients plus the first block's recomputed activations and "
+        "backward temporaries). The eager profile's end-of-backward term is traced for it (the "
+        "window from the first block's output gradient to the optimizer step, at micro-batch 1 "
+        "and 2 of the one-layer model); whenever the optimizer is on the device the "
+        "optimizer-step peak covers it. Profiles saved before the term existed lack it: "
+        "`--recalibrate` re-traces them and keeps the measurements.",
         "",
         "## Calibration cost (FakeTensorMode traces, this machine)",
         "",

@@ -3,8 +3,9 @@ cores).
 
 One calibration (FakeTensorMode traces of one and two layers) and real CPU measurements (each
 cross-checked against torch.profiler inside ``measure``) covering an optimizer-step peak,
-backward peaks, and the savings of every remedy kind: micro-batch halved, recompute up one level,
-ZeRO up one stage and optimizer offload. The ZeRO rows are rank 0 of a two-rank job on torch's
+backward peaks, the end of backward (full recompute with the optimizer offloaded: the eager
+profile's end-of-backward term), and the savings of every remedy kind: micro-batch halved,
+recompute up one level, ZeRO up one stage and optimizer offload. The ZeRO rows are rank 0 of a two-rank job on torch's
 fake process group and offload puts the optimizer on the meta device: neither a second rank nor
 a host/accelerator pair exists on a CPU-only CI machine (``dssup.runtime.reference.zero``).
 """
@@ -34,6 +35,8 @@ def test_subset_within_target_and_phase_right() -> None:
         assert (r.phase == "optimizer") == (r.predicted_phase == "optimizer-step"), r
     phases = {r.phase for r in rows}
     assert phases == {"optimizer", "backward"}  # both regimes are exercised
+    tail = next(r for r in rows if r.id == "dense-gqa/fp32/foreach/b1/full/dp2-z1/offload")
+    assert tail.predicted_phase == "forward-backward", tail  # the end of backward, not the step
     rem = remedies(rows)
     assert rem, "the subset must contain a remedy pair"
     assert all(x["ok"] for x in rem), rem
