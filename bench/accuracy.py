@@ -183,6 +183,7 @@ def render(
     cals: Calibrations,
     added: list[str] | None = None,
     recalibrated: list[str] | None = None,
+    without_tail: int = 0,
 ) -> str:
     """The markdown report."""
     errs = [abs(r.error) for r in rows if not r.dropless]
@@ -196,6 +197,14 @@ def render(
         f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         *[f"Then `--add bench/accuracy.json`: {x}." for x in added or []],
         *[f"Then `--recalibrate bench/accuracy.json`: {x}." for x in recalibrated or []],
+        *(
+            [
+                f"{without_tail} saved profile(s) predate the end-of-backward term (none of their "
+                "rows offloads the optimizer, so the optimizer step covers it)."
+            ]
+            if without_tail
+            else []
+        ),
         "",
         "Measured: allocator peak (MemTracker) over 2 AdamW steps of the reference model "
         "(`dssup.runtime.reference`); `real` runs are cross-checked against torch.profiler "
@@ -312,7 +321,8 @@ def _rerender(path: Path, out: Path) -> int:
     rows = _repredict(doc)
     cals = Calibrations()
     cals.seconds = doc.get("calibration_seconds", {})
-    text = render(rows, remedies(rows), cals, doc.get("added"), doc.get("recalibrated"))
+    old = sum(1 for v in doc["profiles"].values() if v.get("end_of_backward") is None)
+    text = render(rows, remedies(rows), cals, doc.get("added"), doc.get("recalibrated"), old)
     out.write_text(text)
     return 0
 
