@@ -29,6 +29,9 @@ _LOAD_MARKERS = (
     "from_pretrained",
     "load_universal",
 )
+# torch optimizers, and DeepSpeed's engine.step (ZeRO's gradient flattening, the fp32 cast and
+# the parameter all-gather run there, outside torch/optim).
+_OPTIMIZER_MARKERS = ("optimizer.py", "optim/", "_take_model_step")
 _PRIORITY = {
     K.USER_ERROR: 0,
     K.LOAD_OOM: 0,
@@ -54,7 +57,7 @@ def phase_of(callstack: str) -> str:
         return "comm"
     if "backward" in callstack:
         return "backward"
-    if "optimizer.py" in callstack or "optim/" in callstack:
+    if any(m in callstack for m in _OPTIMIZER_MARKERS):
         return "optimizer"
     return "forward"
 

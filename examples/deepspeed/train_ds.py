@@ -31,11 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.checkpoint import checkpoint
 
 os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 import deepspeed
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+from ds_memory import MemoryCapAt, state_digest, vm_bytes
 
 DATA_SEED = 1234
 MODEL_SEED = 42
@@ -205,6 +207,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--long-tokens", type=int, default=0, help="tokens from --long-from-step")
     ap.add_argument("--long-from-step", type=int, default=0, help="0-based optimizer step")
     ap.add_argument("--mem-cap-mb", type=int, default=0, help="address-space budget after init")
+    ap.add_argument(
+        "--mem-cap-from-step", type=int, default=0, help="apply the cap before this 0-based step"
+    )
+    ap.add_argument("--fused-adam", action="store_true", help="torch AdamW(fused=True)")
+    ap.add_argument("--state-digest", action="store_true", help="emit a state digest on load/save")
     ap.add_argument("--dump-after-load", type=Path, default=None, help="torch.save full state")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=0, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -217,7 +224,8 @@ def build(args: argparse.Namespace) -> tuple[Any, TinyNet, dict[str, Any]]:
     model.recompute = recompute_wanted(ds_config)
     if weights := os.environ.get("DSSUP_FP32_WEIGHTS"):  # dssup's last-resort fallback
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    fused = {"fused": True} if args.fused_adam else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, **fused)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
     return engine, model, ds_config
 
@@ -262,15 +270,7 @@ def resume(engine: Any, args: argparse.Namespace) -> None:
     )
 
 
-def vm_bytes(key: str) -> int:
-    """A ``/proc/self/status`` figure (VmSize, VmPeak, VmHWM) in bytes."""
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
+@record
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # The CPU accelerator JIT-compiles a shared-memory comm op on first use (35-80 s); gloo
@@ -284,22 +284,25 @@ def main(argv: list[str] | None = None) -> None:
         state = full_state(engine)
         if dist.get_rank() == 0:
             torch.save({"state": state, "global_steps": engine.global_steps}, args.dump_after_load)
+    if args.state_digest and engine.global_steps:
+        emit("state", global_steps=engine.global_steps, digest=state_digest(engine))
     data = dataset(args.steps * engine.train_batch_size(), args.d_in)
-    vm_base, vm_init_peak = vm_bytes("VmSize"), vm_bytes("VmPeak")
-    if args.mem_cap_mb:
-        from dssup.runtime import memory_cap
-
-        memory_cap(args.mem_cap_mb << 20)
+    vm_init_peak = vm_bytes("VmPeak")
+    cap = MemoryCapAt(args.mem_cap_mb, args.mem_cap_from_step)
     while engine.global_steps < args.steps:
         step = engine.global_steps
+        if cap.before_step(step):
+            emit("capped", step=step, vm_base=cap.base, limit=cap.limit)
         loss = train_step(engine, step, args, data)
         emit("step", step=engine.global_steps, loss=loss, global_samples=engine.global_samples)
         if args.save_dir and args.save_every and engine.global_steps % args.save_every == 0:
             engine.save_checkpoint(str(args.save_dir), tag=f"global_step{engine.global_steps}")
             emit("saved", tag=f"global_step{engine.global_steps}", dir=str(args.save_dir))
+            if args.state_digest and not cap.active:
+                emit("state", global_steps=engine.global_steps, digest=state_digest(engine))
     emit(
         "memory",
-        vm_base=vm_base,
+        vm_base=cap.base,
         vm_init_peak=vm_init_peak,
         vm_peak=vm_bytes("VmPeak"),
         rss_peak=vm_bytes("VmHWM"),
