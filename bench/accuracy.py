@@ -394,7 +394,7 @@ def _recalibrate(path: Path, out: Path, jobs: int, only: list[str] | None) -> in
         doc["profiles"][k] = profile
         name = f"{run.model.name}/{run.dtype}/{run.optimizer}"
         doc["calibration_seconds"][name] = secs
-        names.append(name)
+        names.append(name + ("/dropless" if run.moe_routing == "dropless" else ""))
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     doc["recalibrated"] = [
         *doc.get("recalibrated", []),
