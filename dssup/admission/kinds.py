@@ -146,7 +146,7 @@ def pod_set(
     )
     return PodSetView(
         name=name,
-        count=max(0, count),
+        pods=max(0, count),
         gpus_per_pod=sum(c.gpus for c in containers),
         gpu_products=_products(pod),
         containers=containers,

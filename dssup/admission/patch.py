@@ -65,10 +65,10 @@ class _Writer:
             for var in c.env:
                 if var.name in ENV.get(knob, ()):
                     found = True
-                    if var.value is None or var.index < 0:
+                    if var.value is None or var.position < 0:
                         ok = False
                         continue
-                    base = f"{c.env_path}/{var.index}"
+                    base = f"{c.env_path}/{var.position}"
                     self.env_ops += [
                         {"op": "test", "path": f"{base}/name", "value": var.name},
                         {"op": "replace", "path": f"{base}/value", "value": value},

@@ -212,7 +212,7 @@ def _scales(ev: Evaluation) -> list[_Scale]:
         return []  # ambiguous, or torchrun --nnodes would keep the old node count
     ps = sets[0]
     per_unit = ps.gpus_per_pod * ps.scale_step
-    units = ps.count // ps.scale_step
+    units = ps.pods // ps.scale_step
     limit = ps.max_units or units
     text = ev.view.annotations.get(ann.MAX_GPUS, "").strip()
     if text.isdigit():

@@ -99,7 +99,7 @@ def trainjob_pod_sets(
     return [
         PodSetView(
             name=TRAINER_NAME,
-            count=max(0, count),
+            pods=max(0, count),
             gpus_per_pod=container.gpus,
             gpu_products=base_set.gpu_products,
             containers=(container,),
