@@ -26,7 +26,15 @@ import orjson
 
 from dssup.admission import annotations as ann
 
-__all__ = ["VOLATILE_META", "WRITTEN", "Versioned", "content", "digest", "judgement_key"]
+__all__ = [
+    "VOLATILE_META",
+    "WRITTEN",
+    "Versioned",
+    "carries_written",
+    "content",
+    "digest",
+    "judgement_key",
+]
 
 VOLATILE_META = frozenset(
     {
@@ -84,6 +92,13 @@ def content(
         return orjson.dumps([namespace, generation, _stable(obj, keep_written)])
     except TypeError:
         return None
+
+
+def carries_written(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` holds an annotation dssup writes (else both contents are equal)."""
+    meta = obj.get("metadata")
+    found = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return isinstance(found, Mapping) and any(k in found for k in WRITTEN)
 
 
 def digest(scope: str, raw: bytes) -> bytes:

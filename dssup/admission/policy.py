@@ -12,16 +12,17 @@ can still update (finalizers, labels) a job admitted before enforcement was swit
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any, Literal
+
+import orjson
 
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
-from dssup.admission.memo import Versioned, content, digest
+from dssup.admission.memo import Versioned, carries_written, content, digest
 from dssup.admission.messages import breakdown, describe, gib, peak_terms
 from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
@@ -37,16 +38,13 @@ log = logging.getLogger(__name__)
 
 
 def _estimate_note(ev: Evaluation, fits: bool) -> str:
-    return json.dumps(
-        {
-            "peakGiB": gib(ev.est.peak_bytes),
-            "usableGiB": gib(ev.gpu.usable_bytes),
-            "gpu": ev.gpu.product,
-            "fits": fits,
-        },
-        separators=(",", ":"),
-        sort_keys=True,
-    )
+    note = {
+        "fits": fits,
+        "gpu": ev.gpu.product,
+        "peakGiB": gib(ev.est.peak_bytes),
+        "usableGiB": gib(ev.gpu.usable_bytes),
+    }
+    return orjson.dumps(note, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _capacity(ev: Evaluation) -> str:
@@ -112,8 +110,9 @@ class Policy:
         """Decide one object (the body of ``review``; also what ``dssup admit`` calls).
 
         Decisions are remembered by content (see ``memo.py``); a cache that cannot say when it
-        changed (no ``generation``) turns the memory off. The validating webhook's content is
-        also the evaluation's, so it is serialised once."""
+        changed (no ``generation``) turns the memory off. The content is also the evaluation's
+        unless the mutating webhook meets annotations dssup wrote, so it is mostly serialised
+        once."""
         if self._generation is None or self._memo.size <= 0:
             return self._judge(obj, namespace, mode, None)
         raw = content(obj, namespace, self._generation(), keep_written=mode == "mutate")
@@ -122,7 +121,8 @@ class Policy:
         key = digest(mode, raw)
         decision: Decision | None = self._memo.get(key)
         if decision is None:
-            decision = self._judge(obj, namespace, mode, None if mode == "mutate" else raw)
+            shared = None if mode == "mutate" and carries_written(obj) else raw
+            decision = self._judge(obj, namespace, mode, shared)
             self._memo.put(key, decision)
         return decision
 

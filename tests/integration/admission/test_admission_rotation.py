@@ -87,8 +87,8 @@ def test_rotation_under_load_loses_no_request(tmp_path):
         for gen in range(1, 6):
             time.sleep(0.3)
             serial = _kubelet_secret(tmp_path, ca, gen)
-        deadline = time.monotonic() + 5
-        while bg.server.reloader.reloads < 5 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10
+        while _served_serial(bg.port, ca) != serial and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.2)
     finally:
@@ -98,7 +98,9 @@ def test_rotation_under_load_loses_no_request(tmp_path):
     try:
         assert errors == []
         assert done[0] > 50
-        assert bg.server.reloader.reloads == 5
+        # Polling may fold two swaps that land between polls into one reload (a busy loop
+        # polls late); what must hold is that the last certificate is served.
+        assert 1 <= bg.server.reloader.reloads <= 5
         assert _served_serial(bg.port, ca) == serial
     finally:
         bg.stop()
