@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import jsonpatch
@@ -42,24 +41,20 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures" / "admission"))
 from admission_helpers import (
-    FIXTURES,
     SAN,
     client_context,
     cluster_cache,
+    free_port,
     load,
     make_ca,
     make_leaf,
     review,
+    serve_process,
+    wait_ready,
 )
 from admission_inprocess import fresh
 
 from dssup.admission import Policy
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _request(path: str, uid: str, obj: dict) -> tuple[str, bytes, bytes]:
@@ -253,7 +248,7 @@ def _wait_port(port: int, timeout: float = 30.0) -> None:
 def _floor(ctx, crt: Path, key: Path, reqs: list, seconds: float, native) -> dict[int, dict]:
     """Paced scenarios against the floor server (same stack, trivial app); ``native(port,
     label)`` runs the curl scenarios against it too."""
-    port = _free_port()
+    port = free_port()
     server = Path(__file__).with_name("tls_floor_server.py")
     proc = subprocess.Popen([sys.executable, str(server), str(port), str(crt), str(key)])
     try:
@@ -278,41 +273,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dssup-bench-"))
     ca = make_ca()
     crt, key = make_leaf(ca, tmp)
-    port, health = _free_port(), _free_port()
-    exe = os.path.join(os.path.dirname(sys.executable), "dssup")
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--log-level",
-            "WARNING",
-            "webhook",
-            "serve",
-            "--cert-file",
-            str(crt),
-            "--key-file",
-            str(key),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--health-port",
-            str(health),
-            "--drain",
-            "0",
-            "--cluster-file",
-            str(FIXTURES / "cluster.yaml"),
-        ]
-    )
+    proc, port, health = serve_process(crt, key, global_args=("--log-level", "WARNING"))
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_ready(proc, health)
         ctx = client_context(ca.pem())
         dsv3, big = load("pytorchjob-dsv3-fits.yaml"), load("pytorchjob-dsv3-resize.yaml")
         reqs = []

@@ -6,20 +6,23 @@ are not installed), so the real ``kubernetes`` client code path is exercised end
 """
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from admission_helpers import FIXTURES, ApiserverClient, load, make_ca, make_leaf
+from admission_helpers import (
+    ApiserverClient,
+    load,
+    make_ca,
+    make_leaf,
+    serve_process,
+    wait_ready,
+)
 from kubernetes import client
 
 from dssup.admission.cache import InMemoryCache
@@ -158,54 +161,20 @@ def test_list_then_watch_feeds_the_cache(fake_apiserver):
         watcher.stop()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_webhook_serve_process(tmp_path):
     ca = make_ca()
     crt, key = make_leaf(ca, tmp_path)
-    port, health = _free_port(), _free_port()
-    exe = os.path.join(os.path.dirname(sys.executable), "dssup")
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--log-format",
-            "json",
-            "webhook",
-            "serve",
-            "--cert-file",
-            str(crt),
-            "--key-file",
-            str(key),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--health-port",
-            str(health),
-            "--drain",
-            "0.2",
-            "--cluster-file",
-            str(FIXTURES / "cluster.yaml"),
-        ],
+    proc, port, health = serve_process(
+        crt,
+        key,
+        drain="0.2",
+        global_args=("--log-format", "json"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.1)
+        wait_ready(proc, health)
         c = ApiserverClient(port, ca.pem())
         out = c.admit(load("pytorchjob-dsv3-resize.yaml"))
         c.close()
