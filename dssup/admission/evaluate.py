@@ -33,12 +33,21 @@ class LRU:
     def __init__(self, size: int) -> None:
         self.size = size
         self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
 
     def get(self, key: Hashable) -> Any:
         value = self._data.get(key)
         if value is not None:
             self._data.move_to_end(key)
+            self.hits += 1
+        else:
+            self.misses += 1
         return value
+
+    def stats(self) -> tuple[int, int, int]:
+        """(hits, misses, entries)."""
+        return self.hits, self.misses, len(self._data)
 
     def put(self, key: Hashable, value: Any) -> None:
         if self.size <= 0:
@@ -74,6 +83,10 @@ class Evaluator:
         self._estimates = LRU(settings.estimate_cache_size)
         self._generation = cache.generation if isinstance(cache, Versioned) else None
         self._evaluations = LRU(settings.judgement_cache_size if self._generation else 0)
+
+    def cache_stats(self) -> dict[str, tuple[int, int, int]]:
+        """(hits, misses, entries) of the evaluation and estimate caches."""
+        return {"evaluations": self._evaluations.stats(), "estimates": self._estimates.stats()}
 
     def estimate(self, cfg: JobConfig, layout: Layout, training: Training, usable: int) -> Estimate:
         key = (cfg.model_key, layout, training, usable)

@@ -66,6 +66,10 @@ class Policy:
         self._generation = cache.generation if isinstance(cache, Versioned) else None
         self._memo = LRU(self.settings.judgement_cache_size if self._generation else 0)
 
+    def cache_stats(self) -> dict[str, tuple[int, int, int]]:
+        """(hits, misses, entries) of the decision, evaluation and estimate caches."""
+        return {"decisions": self._memo.stats(), **self.evaluator.cache_stats()}
+
     def _breakdown(
         self, est: Estimate, layout: Layout, training: Training, ev: Evaluation
     ) -> dict[str, Any] | None:

@@ -197,7 +197,9 @@ def serve(
     )
     store, watcher = _cache(cluster_file, kubeconfig, configmap_selector)
     metrics = PrometheusMetrics()
-    server = WebhookServer(opts, Adapter(Policy(store, settings), metrics), store, metrics)
+    policy = Policy(store, settings)
+    metrics.track_caches(policy.cache_stats)
+    server = WebhookServer(opts, Adapter(policy, metrics), store, metrics)
     log.info(
         "serving https on %s:%d, health on %d",
         host,

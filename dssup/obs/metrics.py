@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+CacheStats = Mapping[str, tuple[int, int, int]]  # cache -> (hits, misses, entries)
 
 __all__ = ["Metrics", "NullMetrics", "PrometheusMetrics"]
 
@@ -88,6 +91,12 @@ class PrometheusMetrics:
     def estimate_peak(self, model: str, peak_bytes: int) -> None:
         self._peak.labels(model).set(peak_bytes)
 
+    def track_caches(self, stats: Callable[[], CacheStats]) -> None:
+        """Expose in-memory caches, read at scrape time (nothing on the request path):
+        ``dssup_admission_cache_lookups_total{cache,result}`` and
+        ``dssup_admission_cache_entries{cache}``."""
+        self.registry.register(_CacheCollector(stats))
+
     def render(self) -> bytes:
         from prometheus_client import generate_latest
 
@@ -100,3 +109,31 @@ class PrometheusMetrics:
         with os.fdopen(fd, "wb") as fh:
             fh.write(self.render())
         os.replace(tmp, path)
+
+
+class _CacheCollector:
+    """A prometheus_client collector over a stats callable."""
+
+    def __init__(self, stats: Callable[[], CacheStats]) -> None:
+        self.stats = stats
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked: the families are built at collect time
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        lookups = CounterMetricFamily(
+            "dssup_admission_cache_lookups",
+            "Lookups in the webhook's in-memory caches by result.",
+            labels=["cache", "result"],
+        )
+        entries = GaugeMetricFamily(
+            "dssup_admission_cache_entries", "Entries held.", labels=["cache"]
+        )
+        for name, (hits, misses, size) in sorted(self.stats().items()):
+            lookups.add_metric([name, "hit"], hits)
+            lookups.add_metric([name, "miss"], misses)
+            entries.add_metric([name], size)
+        yield lookups
+        yield entries

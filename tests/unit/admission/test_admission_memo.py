@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from dssup.admission import Policy
 from dssup.admission.memo import VOLATILE_META, WRITTEN, judgement_key
 from dssup.admission.settings import PolicySettings
+from dssup.obs.metrics import PrometheusMetrics
 
 NS = "team-a"
 NO_MEMO = PolicySettings(judgement_cache_size=0)
@@ -61,6 +62,21 @@ def test_repeats_and_validate_after_mutate_evaluate_once() -> None:
     assert validated.allowed and validated.code == "fits"
     assert policy.runs == 1  # mutate, its re-invocation and validate: one evaluation
     assert policy.judge(admitted, NS, "mutate").patch == ()  # idempotent on its own output
+    stats = policy.cache_stats()
+    assert stats["decisions"][0] == 1 and stats["evaluations"][0] >= 2
+
+
+def test_cache_series_are_scraped_from_the_policy() -> None:
+    policy = Policy(cluster_cache())
+    metrics = PrometheusMetrics()
+    metrics.track_caches(policy.cache_stats)
+    job = load("pytorchjob-dsv3-fits.yaml")
+    for _ in range(3):
+        policy.judge(job, NS, "validate")
+    text = metrics.render().decode()
+    assert 'dssup_admission_cache_lookups_total{cache="decisions",result="hit"} 2.0' in text
+    assert 'dssup_admission_cache_lookups_total{cache="decisions",result="miss"} 1.0' in text
+    assert 'dssup_admission_cache_entries{cache="evaluations"} 1.0' in text
 
 
 def test_a_real_change_in_the_cluster_invalidates() -> None:
