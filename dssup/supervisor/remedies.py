@@ -4,9 +4,11 @@ Rungs, cheapest first: load checkpoints to the CPU (an OOM while loading), the a
 expandable segments (when the memory PyTorch reserved but did not use would have covered the
 request), then either the memory model's plan (``ModelStep``, when a model description was
 given) or, from the failure alone, halving the micro-batch with doubled accumulation and
-raising recompute; then any adapter rungs (DeepSpeed: ZeRO stage, offload). An OOM in the
-optimizer step tries the adapter rungs first: a smaller micro-batch does not shrink it. The global batch is
-exact on every rung, and no rung ever proposes a config that already failed.
+raising recompute; then any adapter rungs (DeepSpeed: ZeRO stage, offload). An adapter rung
+with an ``attach_model`` method is handed the memory-model rung, so it can predict its own
+options with the same model description. An OOM in the optimizer step tries the adapter rungs
+first: a smaller micro-batch does not shrink it. The global batch is exact on every rung, and
+no rung ever proposes a config that already failed.
 """
 
 from __future__ import annotations
@@ -129,6 +131,10 @@ class RemedyPlanner:
         batch: list[RemedyStep] = (
             [model_step] if model_step else [HalveMicroBatchStep(), RaiseRecomputeStep()]
         )
+        for step in extra if model_step is not None else ():
+            attach = getattr(step, "attach_model", None)  # e.g. the DeepSpeed rung
+            if callable(attach):
+                attach(model_step)
         return cls([LoadToCpuStep(), AllocConfStep(), *batch, *extra])
 
     def ordered(self, failure: Failure) -> list[RemedyStep]:

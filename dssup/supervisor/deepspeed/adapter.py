@@ -2,7 +2,8 @@
 
 * ``initial_plan``: the batch triple, ZeRO stage, offload and recompute from the JSON named in
   the worker arguments (fields the supervisor already knows from its own flags win);
-* ``remedy_steps``: the DeepSpeed rung (``ladder.DeepSpeedStep``);
+* ``remedy_steps``: the DeepSpeed rung (``ladder.DeepSpeedStep``), which scores its options
+  with the parameter count of the job's latest checkpoint when no model is described;
 * ``apply``: for each attempt, the user's JSON with the plan applied is written atomically to
   ``<attempt dir>/ds_config.json`` (plus ``ds_config.changes.json``, the diff with reasons),
   the worker's config flag is pointed at it, and the latest DeepSpeed checkpoint is made
@@ -41,6 +42,7 @@ from dssup.supervisor.deepspeed.config import (
 from dssup.supervisor.deepspeed.convert import Resume, prepare_resume
 from dssup.supervisor.deepspeed.ladder import DeepSpeedStep, MemoryContext
 from dssup.supervisor.deepspeed.render import render_config, write_json_atomic
+from dssup.supervisor.deepspeed.savings import ParamContext, param_context
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["SAVE_DIR_FLAGS", "DeepSpeedAdapter", "to_ds_plan"]
@@ -97,6 +99,7 @@ class DeepSpeedAdapter:
         self.memory = memory
         self.python = python
         self.last_resume: Resume | None = None
+        self.command: TorchrunCommand | None = None
         # Inert until initial_plan finds a DeepSpeed JSON: a plain DDP job must never be
         # offered a ZeRO stage (by this rung or by the memory-model rung via capabilities).
         self.active = False
@@ -118,7 +121,7 @@ class DeepSpeedAdapter:
             return plan
         raw, world = found
         user = derive_plan(raw, world)
-        self.active, self.capabilities = True, self.CAPABILITIES
+        self.active, self.capabilities, self.command = True, self.CAPABILITIES, command
         offload = {("none", "none"): "none", ("cpu", "none"): "optimizer"}.get(
             (user.offload_optimizer, user.offload_param), "optimizer+params"
         )
@@ -135,7 +138,11 @@ class DeepSpeedAdapter:
         )
 
     def remedy_steps(self) -> Sequence[RemedyStep]:
-        return [DeepSpeedStep(memory=self.memory)] if self.active else []
+        return [DeepSpeedStep(memory=self.memory, params=self.params)] if self.active else []
+
+    def params(self) -> ParamContext | None:
+        """Parameter count and precision from the latest complete checkpoint, if any."""
+        return param_context(self.latest_checkpoint(self.command)) if self.command else None
 
     def checkpoint_dirs(self, command: TorchrunCommand) -> list[Path]:
         if find_config(command.script_args) is None:

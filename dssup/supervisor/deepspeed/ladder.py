@@ -24,49 +24,30 @@ ZeRO-1 and ZeRO-2 peak within 0.2 % of each other on the example job. Offload op
 dropped when the job's tensors live on the CPU (``ctx.device == "cpu"``): the host *is* the
 device there, so offloading saves nothing.
 
-With a memory model (``MemoryContext``: a ``dssup.memory`` model spec, layout, base training and
-the device size), every option is estimated; the cheapest (by the static cost order, which
-follows ``dssup.memory.cost``: recompute and ZeRO-1/2 are nearly free, ZeRO-3 pays all-gathers,
-offload pays PCIe) among those predicted to fit with the margin wins; when none is predicted
-to fit, the one with the largest predicted saving. The estimate is first shifted so it matches
-what the failure showed (bytes in use plus the failed request), like the generic planner does.
+Which of the options wins is decided by its predicted saving at the failure's phase
+(``choice``, ``savings``): with a model description (``dssup run --model``, handed to this rung
+by ``RemedyPlanner.default`` through ``attach_model``) the memory model estimates every option;
+without one, an optimizer, load or init failure is scored from the parameter count in the job's
+latest checkpoint; otherwise the static order above applies, and the journal says which of the
+three decided. When a prediction is available, ZeRO-2 is scored at the optimizer step too (and
+predicted to save nothing there), so the journal shows why it lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from dssup.errors import DssupError
-from dssup.memory import Layout, ModelSpec, Overheads, Training, estimate
 from dssup.supervisor.adapters import RemedyContext
+from dssup.supervisor.deepspeed.choice import Option, choose
+from dssup.supervisor.deepspeed.savings import MemoryContext, ParamContext
+from dssup.supervisor.modelplan import ModelStep
 from dssup.supervisor.models import Failure, Remedy, TrainingPlan
 
 __all__ = ["DeepSpeedStep", "MemoryContext", "Option", "options_for"]
 
 # Cheapest first (throughput cost); the name is the journal's rung name.
 _COST_ORDER = ("recompute", "zero-1", "zero-2", "zero-3", "offload-optimizer", "offload-params")
-
-
-@dataclass(frozen=True)
-class Option:
-    """One candidate change and the plan it leads to."""
-
-    name: str
-    plan: TrainingPlan
-    why: str
-
-
-@dataclass(frozen=True)
-class MemoryContext:
-    """What the memory model needs to predict a DeepSpeed option's peak."""
-
-    model: ModelSpec
-    layout: Layout
-    base: Training  # seq_len, precision, ... (micro-batch and ZeRO come from the plan)
-    gpu_memory_bytes: int
-    overheads: Overheads | None = None
-    margin: float = 0.05
 
 
 def _zero(plan: TrainingPlan, stage: int) -> Option:
@@ -109,86 +90,57 @@ _BY_PHASE: dict[str, tuple[str, ...]] = {
 _BY_PHASE["init"] = _BY_PHASE["load"]
 
 
-def options_for(phase: str, plan: TrainingPlan, device: str = "cuda") -> list[Option]:
+# Scored (a prediction is available): ZeRO-2 is a candidate at the step too, predicted to lose.
+_SCORED = {"optimizer": ("zero-1", "zero-2", "offload-optimizer", "zero-3", "offload-params")}
+
+
+def options_for(
+    phase: str, plan: TrainingPlan, device: str = "cuda", scored: bool = False
+) -> list[Option]:
     """The options that can help an OOM in ``phase``, in static cost order."""
     every = _all_options(plan)
-    names = _BY_PHASE.get(phase, _COST_ORDER)
+    names = (_SCORED if scored else _BY_PHASE).get(phase) or _BY_PHASE.get(phase, _COST_ORDER)
     if device == "cpu":
         names = tuple(n for n in names if not n.startswith("offload"))
     return [every[n] for n in names if n in every]
 
 
-def _to_training(plan: TrainingPlan, base: Training) -> Training:
-    return base.model_copy(
-        update={
-            "micro_batch": plan.micro_batch or base.micro_batch,
-            "grad_accum": plan.grad_accum or base.grad_accum,
-            "recompute": plan.recompute if plan.recompute != "none" else base.recompute,
-            "zero_stage": plan.zero_stage,
-            "offload_optimizer": plan.offload != "none",
-            "offload_params": plan.offload == "optimizer+params",
-        }
-    )
-
-
-def _peak(mem: MemoryContext, plan: TrainingPlan) -> int | None:
-    try:
-        est = estimate(mem.model, mem.layout, _to_training(plan, mem.base), mem.overheads)
-    except DssupError:
-        return None
-    return est.peak_bytes
-
-
-def _observed(failure: Failure) -> int | None:
-    if failure.in_use_bytes is not None and failure.tried_to_allocate is not None:
-        return failure.in_use_bytes + failure.tried_to_allocate
-    return None
-
-
-def choose(
-    failure: Failure, plan: TrainingPlan, options: Sequence[Option], mem: MemoryContext | None
-) -> tuple[Option, int | None, str] | None:
-    """Pick one option: (option, predicted peak or None, explanation)."""
-    if not options:
-        return None
-    if mem is None:
-        return options[0], None, f"phase {failure.phase or 'unknown'}: cheapest rung that applies"
-    now = _peak(mem, plan)
-    shift = max(0, (_observed(failure) or 0) - now) if now is not None else 0
-    budget = mem.gpu_memory_bytes * (1 - mem.margin)
-    scored = [(o, p + shift) for o in options if (p := _peak(mem, o.plan)) is not None]
-    fitting = [(o, p) for o, p in scored if p <= budget]
-    if fitting:
-        o, p = fitting[0]
-        return o, p, f"predicted peak {p / 2**30:.2f} GiB fits {budget / 2**30:.2f} GiB"
-    if not scored:
-        return options[0], None, "the memory model could not estimate these options"
-    o, p = min(scored, key=lambda sp: sp[1])
-    return o, p, f"nothing predicted to fit; largest saving (predicted {p / 2**30:.2f} GiB)"
-
-
 @dataclass
 class DeepSpeedStep:
-    """The DeepSpeed rung (``RemedyStep`` protocol): one option per failure, never a repeat."""
+    """The DeepSpeed rung (``RemedyStep`` protocol): one option per failure, never a repeat.
+
+    ``memory`` (a model description) or ``params`` (reads the job's latest checkpoint) supply
+    the predictions; with neither the static order decides.
+    """
 
     memory: MemoryContext | None = None
+    params: Callable[[], ParamContext | None] | None = None
     name: str = "deepspeed"
+
+    def attach_model(self, step: ModelStep) -> None:
+        """Use the memory-model rung's description (``dssup run --model``) for predictions."""
+        self.memory = MemoryContext(
+            model=step.model, layout=step.layout, base=step.base,
+            gpu_memory_bytes=step.gpu_memory_bytes, margin=step.margin,
+        )  # fmt: skip
 
     def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
         if not failure.kind.is_oom:
             return None
         allowed = {"zero_stage", "offload"} <= ctx.capabilities
-        options = options_for(failure.phase, plan, ctx.device)
+        params = self.params() if self.params is not None and self.memory is None else None
+        scored = self.memory is not None or params is not None
+        options = options_for(failure.phase, plan, ctx.device, scored=scored)
         fresh = [o for o in options if o.plan.key() not in ctx.tried]
         fresh = [o for o in fresh if allowed or o.name == "recompute"]
-        picked = choose(failure, plan, fresh, self.memory)
+        picked = choose(failure, plan, fresh, self.memory, params)
         if picked is None:
             return None
-        option, peak, how = picked
-        reason = f"{failure.phase or 'unknown-phase'} OOM: {option.why}; {how}"
+        option = picked.option
+        reason = f"{failure.phase or 'unknown-phase'} OOM: {option.why}; {picked.how}"
         return Remedy(
             step=f"deepspeed:{option.name}",
             plan=option.plan,
             reason=reason,
-            predicted_peak_bytes=peak,
+            predicted_peak_bytes=picked.predicted_peak,
         )

@@ -1,13 +1,20 @@
-"""The DeepSpeed rung: options by failure phase, never a repeat, chosen by the memory model."""
+"""The DeepSpeed rung: options by failure phase, never a repeat, chosen by predicted saving."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from dssup.memory import GiB, Layout, Training, estimate, preset
 from dssup.supervisor.adapters import RemedyContext
+from dssup.supervisor.deepspeed.choice import size
+from dssup.supervisor.deepspeed.ckpt_info import read_checkpoint
 from dssup.supervisor.deepspeed.ladder import DeepSpeedStep, MemoryContext, options_for
+from dssup.supervisor.deepspeed.savings import ParamContext, param_context
+from dssup.supervisor.modelplan import ModelStep
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
+from dssup.supervisor.remedies import RemedyPlanner
 
 PLAN = TrainingPlan(micro_batch=1, grad_accum=8, global_batch=64, dp=8, world_size=8)
 CAPS = frozenset({"micro_batch", "grad_accum", "recompute", "zero_stage", "offload"})
@@ -97,10 +104,11 @@ def _memory(gib: int) -> MemoryContext:
     )
 
 
-def _peak(mem: MemoryContext, plan: TrainingPlan) -> int:
+def _peak(mem: MemoryContext, plan: TrainingPlan, phase: str = "optimizer") -> int:
+    stage = 1 if phase == "optimizer" and plan.zero_stage == 2 else plan.zero_stage
     t = mem.base.model_copy(
         update={
-            "zero_stage": plan.zero_stage,
+            "zero_stage": stage,
             "offload_optimizer": plan.offload != "none",
             "offload_params": plan.offload == "optimizer+params",
             "recompute": plan.recompute,
@@ -114,12 +122,16 @@ def test_memory_model_picks_the_cheapest_option_that_fits(gib: int) -> None:
     mem = _memory(gib)
     r = DeepSpeedStep(memory=mem).propose(oom("optimizer"), PLAN, ctx(PLAN))
     assert r is not None and r.predicted_peak_bytes is not None
-    options = options_for("optimizer", PLAN)
-    budget = mem.gpu_memory_bytes * (1 - mem.margin)
+    options = options_for("optimizer", PLAN, scored=True)
+    budget = int(mem.gpu_memory_bytes * (1 - mem.margin))
     fitting = [o for o in options if _peak(mem, o.plan) <= budget]
+    assert "predicted savings (memory model llama-3-8b)" in r.reason
+    for o in options:  # every candidate's predicted saving is in the journal
+        assert f"{o.name} saves {size(_peak(mem, PLAN) - _peak(mem, o.plan))}" in r.reason
     if fitting:
         assert r.step == f"deepspeed:{fitting[0].name}"
-        assert r.predicted_peak_bytes <= budget and "fits" in r.reason
+        assert r.predicted_peak_bytes <= budget
+        assert r.reason.endswith("wins: the cheapest predicted to fit " + size(budget))
     else:
         best = min(options, key=lambda o: _peak(mem, o.plan))
         assert r.step == f"deepspeed:{best.name}" and "nothing predicted to fit" in r.reason
@@ -135,6 +147,90 @@ def test_observed_failure_shifts_the_prediction() -> None:
     assert plain is not None and shifted is not None
     assert plain.predicted_peak_bytes is not None and shifted.predicted_peak_bytes is not None
     assert shifted.predicted_peak_bytes == _peak(mem, shifted.plan) + 31 * GiB
+    assert "+31.00 GiB seen in the failure" in shifted.reason
     if plain.step != shifted.step:  # the calibrated estimate ruled the cheaper option out
         budget = mem.gpu_memory_bytes * (1 - mem.margin)
         assert _peak(mem, plain.plan) + 31 * GiB > budget
+
+
+def test_zero2_is_scored_at_the_step_and_predicted_to_save_nothing() -> None:
+    at1 = PLAN.model_copy(update={"zero_stage": 1})
+    r = DeepSpeedStep(memory=_memory(24)).propose(oom("optimizer"), at1, ctx(at1))
+    assert r is not None and "zero-2 saves 0.0 MiB" in r.reason and r.step != "deepspeed:zero-2"
+    backward = DeepSpeedStep(memory=_memory(24)).propose(oom("backward"), at1, ctx(at1))
+    assert backward is not None and "zero-2 saves 0.0 MiB" not in backward.reason
+
+
+P = 50_000_000  # parameters of a checkpointed bf16 job
+
+
+def _params(half: bool = True) -> ParamContext:
+    return ParamContext(P, half, "checkpoint global_step2: 50,000,000 parameters")
+
+
+def test_checkpoint_parameters_pick_zero3_for_an_optimizer_oom_and_say_why() -> None:
+    at1 = TrainingPlan(micro_batch=32, grad_accum=1, global_batch=64, dp=2, world_size=2,
+                       zero_stage=1)  # fmt: skip
+    cpu = RemedyContext(tried=frozenset({at1.key()}), capabilities=CAPS, device="cpu")
+    failure = oom("optimizer", FailureKind.HOST_OOM, tried_to_allocate=4 * P // 2)
+    r = DeepSpeedStep(params=_params).propose(failure, at1, cpu)
+    assert r is not None and r.step == "deepspeed:zero-3"
+    half_weights = 2 * P // 2  # ZeRO-3 shards the bf16 weights; gradients are already sharded
+    assert r.reason == (
+        "optimizer OOM: ZeRO-3 also shards the parameters (gathered layer by layer); "
+        "predicted savings (model states at the optimizer phase, checkpoint global_step2: "
+        f"50,000,000 parameters): zero-2 saves 0.0 MiB, zero-3 saves {size(half_weights)}; "
+        "zero-3 wins: the largest predicted saving; none covers the failed request "
+        f"({size(4 * P // 2)})"
+    )
+
+
+def test_checkpoint_parameters_prefer_the_cheapest_that_covers_the_request() -> None:
+    gpu = RemedyContext(tried=frozenset({PLAN.key()}), capabilities=CAPS)
+    need = 10 << 20  # every option saves more: the cheapest wins
+    r = DeepSpeedStep(params=_params).propose(oom("optimizer", tried_to_allocate=need), PLAN, gpu)
+    assert r is not None and r.step == "deepspeed:zero-1"
+    assert "zero-1 wins: the cheapest that saves the whole failed request" in r.reason
+    big = 100 * P  # nothing covers it: the largest saving (offloading everything)
+    r = DeepSpeedStep(params=_params).propose(oom("optimizer", tried_to_allocate=big), PLAN, gpu)
+    assert r is not None and r.step == "deepspeed:offload-params"
+
+
+@pytest.mark.parametrize(
+    ("memory", "params", "phase", "why"),
+    [
+        (False, False, "optimizer", "no memory context: no --model and no checkpoint"),
+        (False, True, "backward", "a parameter count predicts no saving of activations"),
+    ],
+)
+def test_static_order_is_the_stated_fallback(
+    memory: bool, params: bool, phase: str, why: str
+) -> None:
+    step = DeepSpeedStep(params=_params if params else None)
+    r = step.propose(oom(phase), PLAN, ctx(PLAN))
+    first = options_for(phase, PLAN)[0].name
+    assert r is not None and r.step == f"deepspeed:{first}"
+    assert f"static order for the {phase} phase ({why}" in r.reason
+    assert r.reason.endswith(f"{first} is first")
+
+
+def test_the_planner_hands_the_model_description_to_the_deepspeed_rung() -> None:
+    mem = _memory(40)
+    model_step = ModelStep(model=mem.model, layout=mem.layout, base=mem.base,
+                           gpu_memory_bytes=mem.gpu_memory_bytes)  # fmt: skip
+    rung = DeepSpeedStep()
+    RemedyPlanner.default(model_step, [rung])
+    assert rung.memory == mem
+    untouched = DeepSpeedStep()
+    RemedyPlanner.default(None, [untouched])
+    assert untouched.memory is None
+
+
+@pytest.mark.parametrize(
+    ("name", "params"), [("zero0-dp2", None), ("zero1-dp2", 45), ("zero3-dp2", 45)]
+)
+def test_parameter_count_comes_from_a_real_checkpoint(name: str, params: int | None) -> None:
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "deepspeed"
+    found = param_context(read_checkpoint(fixtures / name))  # d_in 4, width 4, depth 1: 45
+    assert (found and found.params) == params  # ZeRO-0 records no parameter shapes
+    assert param_context(None) is None
