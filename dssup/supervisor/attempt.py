@@ -93,6 +93,10 @@ def build_spec(
         checkpoint_dir=checkpoint_dir,
     )
     env["TORCHELASTIC_ERROR_FILE"] = str(attempt_dir / "root_cause.json")
+    if "PYTHONUNBUFFERED" not in os.environ:
+        # Output written before a failure must reach the logs even when fast-fail kills the
+        # attempt: SIGKILL (and an unhandled SIGTERM) discard stdio buffers.
+        env["PYTHONUNBUFFERED"] = "1"
     script_args = rewrite_flags(cmd.script_args, plan)
     notes: list[str] = []
     for adapter in adapters:

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "UNREADABLE",
     "CheckpointInfo",
     "find_latest_complete",
     "read_checkpoint",
@@ -58,7 +59,7 @@ class CheckpointInfo(BaseModel):
     ds_config: dict[str, Any] = Field(default_factory=dict, description="config saved with it")
 
 
-_UNREADABLE = (
+UNREADABLE = (  # what reading a truncated or foreign checkpoint file raises
     zipfile.BadZipFile,
     pickle.UnpicklingError,
     EOFError,
@@ -142,14 +143,14 @@ def read_checkpoint(path: Path) -> CheckpointInfo | None:
         return None
     try:
         tree = read_pickled_tree(model_file)
-    except _UNREADABLE:
+    except UNREADABLE:
         return None
     dp = int(tree.get("dp_world_size", 1))
     mp = int(tree.get("mp_world_size", 1))
     unreadable: list[str] = []
     try:
         stage, version = _stage_from_optim(tag_dir / optim[0]) if optim else (0, "")
-    except _UNREADABLE:
+    except UNREADABLE:
         stage, version = (3 if z3_models else 1), ""
         unreadable.append(f"{optim[0]} (unreadable)")
     if z3_models and not models:

@@ -28,7 +28,7 @@ from pathlib import Path
 from dssup.errors import DssupError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
 from dssup.memory.zero import model_states
-from dssup.supervisor.deepspeed.ckpt_info import _UNREADABLE, CheckpointInfo, read_pickled_tree
+from dssup.supervisor.deepspeed.ckpt_info import UNREADABLE, CheckpointInfo, read_pickled_tree
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["MemoryContext", "ParamContext", "param_context", "predicted_peak", "state_bytes"]
@@ -114,7 +114,7 @@ def param_context(info: CheckpointInfo | None) -> ParamContext | None:
     try:
         groups = read_pickled_tree(path).get("param_shapes") or []
         params = sum(prod(shape) for group in groups for shape in dict(group).values())
-    except (*_UNREADABLE, TypeError, ValueError, AttributeError):  # no prediction, no failure
+    except (*UNREADABLE, TypeError, ValueError, AttributeError):  # no prediction, no failure
         return None
     cfg = info.ds_config
     half = info.bf16 or any(bool((cfg.get(k) or {}).get("enabled")) for k in ("bf16", "fp16"))

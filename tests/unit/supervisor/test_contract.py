@@ -102,3 +102,22 @@ def test_runtime_reads_what_the_supervisor_writes(tmp_path):
     plan.check(dp_size=2)
     bare = read_plan(micro_batch=16, grad_accum=1, global_batch=32, env={})
     assert (bare.micro_batch, bare.under_dssup) == (16, False)
+
+
+def test_job_output_is_unbuffered_unless_the_user_chose(tmp_path, monkeypatch):
+    """Fast-fail SIGKILLs the attempt; buffered stdout would lose what ranks printed before."""
+    from dssup.supervisor.attempt import build_spec
+    from dssup.supervisor.command import parse_command
+
+    cmd = parse_command(["torchrun", "--nproc-per-node", "2", "train.py"])
+
+    def spec(n: int):
+        return build_spec(
+            cmd, PLAN, number=n, run_id="r", run_dir=tmp_path, resume=None,
+            checkpoint_dir=None, adapters=(),
+        )  # fmt: skip
+
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    assert spec(1).env["PYTHONUNBUFFERED"] == "1"
+    monkeypatch.setenv("PYTHONUNBUFFERED", "")  # the user's choice wins (inherited as is)
+    assert "PYTHONUNBUFFERED" not in spec(2).env
