@@ -20,7 +20,7 @@ from dssup.admission.gpus import GpuMemory, resolve_gpu
 from dssup.admission.kinds import SUPPORTED, is_controlled, normalise
 from dssup.admission.memo import Versioned, content, digest
 from dssup.admission.settings import PolicySettings
-from dssup.admission.source import Sources, read_sources
+from dssup.admission.source import Sources, config_key, read_sources
 from dssup.admission.view import JobView
 from dssup.memory import Estimate, Layout, Training, estimate
 
@@ -83,10 +83,15 @@ class Evaluator:
         self._estimates = LRU(settings.estimate_cache_size)
         self._generation = cache.generation if isinstance(cache, Versioned) else None
         self._evaluations = LRU(settings.judgement_cache_size if self._generation else 0)
+        self._configs = LRU(settings.judgement_cache_size if self._generation else 0)
 
     def cache_stats(self) -> dict[str, tuple[int, int, int]]:
         """(hits, misses, entries) of the evaluation and estimate caches."""
-        return {"evaluations": self._evaluations.stats(), "estimates": self._estimates.stats()}
+        return {
+            "evaluations": self._evaluations.stats(),
+            "configs": self._configs.stats(),
+            "estimates": self._estimates.stats(),
+        }
 
     def estimate(self, cfg: JobConfig, layout: Layout, training: Training, usable: int) -> Estimate:
         key = (cfg.model_key, layout, training, usable)
@@ -141,12 +146,26 @@ class Evaluator:
             )
         return found
 
+    def _resolve(self, src: Sources, world_size: int) -> JobConfig:
+        """``resolve``, remembered by ``config_key`` (a fresh job from a known template differs
+        only in what no knob reads). Failures are not remembered."""
+        key = None
+        if self._generation is not None and self._configs.size > 0:
+            key = config_key(src, world_size, self._generation())
+        if key is None:
+            return resolve(src, self.cache, world_size)
+        cfg: JobConfig | None = self._configs.get(key)
+        if cfg is None:
+            cfg = resolve(src, self.cache, world_size)
+            self._configs.put(key, cfg)
+        return cfg
+
     def _judge_view(self, view: JobView) -> Evaluation | Decision:
         if not view.training_sets:
             return _allow("not-applicable", "no container requests nvidia.com/gpu")
         src = read_sources(view, self.cache)
         try:
-            cfg = resolve(src, self.cache, view.world_size)
+            cfg = self._resolve(src, view.world_size)
         except Incomplete as exc:
             code = (
                 "cache-miss"

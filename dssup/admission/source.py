@@ -20,7 +20,7 @@ from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES, all_na
 from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView
 from dssup.errors import ConfigError
 
-__all__ = ["Found", "Sources", "positive", "read_sources", "switch"]
+__all__ = ["Found", "Sources", "config_key", "positive", "read_sources", "switch"]
 
 _ALL = all_names()
 _FLAG_TABLES = (("megatron", MEGATRON), ("hf", HF))
@@ -48,6 +48,9 @@ class Sources:
     warnings: list[str] = field(default_factory=list)
     _envs: dict[str, EnvVar] | None = None
     _by_knob: Mapping[str, Found] = field(default_factory=dict)
+    launch: tuple[
+        tuple[tuple[str, ...], tuple[str, ...]], ...
+    ] = ()  # (command, args) per GPU container
 
     def flag(self, names: frozenset[str]) -> Hit | None:
         return _first(self.flags, names)
@@ -169,11 +172,42 @@ def _deepspeed(src: Sources, cache: ClusterCache) -> Mapping[str, Any] | None:
 def read_sources(view: JobView, cache: ClusterCache) -> Sources:
     """Collect flags from every GPU container of the job, and its DeepSpeed JSON if mounted."""
     containers = [(ps, c) for ps in view.training_sets for c in ps.containers if c.gpus > 0]
-    index = _index(tuple((c.command, c.args) for _, c in containers))
-    src = Sources(view=view, containers=containers, flags=index.flags, _by_knob=index.by_knob)
+    launch = tuple((c.command, c.args) for _, c in containers)
+    index = _index(launch)
+    src = Sources(
+        view=view,
+        containers=containers,
+        flags=index.flags,
+        _by_knob=index.by_knob,
+        launch=launch,
+    )
     src.warnings.extend(index.warnings)
     src.deepspeed = _deepspeed(src, cache)
     return src
+
+
+_ENV_NAMES = frozenset(name for names in ENV.values() for name in names)
+
+
+def config_key(src: Sources, world_size: int, generation: int) -> tuple[Any, ...] | None:
+    """Everything ``resolve`` reads from ``src`` as a hashable key, so jobs that differ only in
+    what no knob reads (names, images, unrelated env vars such as a run id) share one resolved
+    config. None where ``resolve`` would read more than the key holds (a DeepSpeed JSON, env
+    values behind ConfigMap references): those are resolved every time."""
+    if src.deepspeed is not None:
+        return None
+    env: list[tuple[str, str]] = []
+    for _, c in src.containers:
+        for var in c.env:
+            if var.name in _ENV_NAMES:
+                if var.value is None:
+                    return None
+                env.append((var.name, var.value))
+    notes = (tuple(src.problems), tuple(src.warnings))
+    annotations = tuple(
+        (k, v) for k, v in src.view.annotations.items() if k.startswith("dssup.io/")
+    )
+    return (src.launch, annotations, tuple(env), notes, world_size, src.view.namespace, generation)
 
 
 def positive(found: Found | None, knob: str) -> int | None:

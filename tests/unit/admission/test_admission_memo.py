@@ -156,3 +156,24 @@ def test_what_the_key_leaves_out_never_changes_a_decision(i: int, mode: Any, noi
         variant = _perturb(job, noise, written=mode != "mutate")
         assert plain.judge(variant, NS, mode) == base
         assert remembering.judge(variant, NS, mode) == base
+
+
+def _with_env(job: dict[str, Any], name: str, value: str) -> dict[str, Any]:
+    out = copy.deepcopy(job)
+    for spec in out["spec"]["pytorchReplicaSpecs"].values():
+        for c in spec["template"]["spec"]["containers"]:
+            c.setdefault("env", []).append({"name": name, "value": value})
+    return out
+
+
+def test_a_fresh_job_of_a_known_template_reuses_its_resolved_config() -> None:
+    policy = Policy(cluster_cache())
+    job = load("pytorchjob-dsv3-fits.yaml")
+    first = policy.judge(_with_env(job, "RUN_ID", "1"), NS, "validate")
+    second = policy.judge(_with_env(job, "RUN_ID", "2"), NS, "validate")
+    assert first == second and policy.cache_stats()["configs"][:2] == (1, 1)
+    # An env var a knob reads is part of the key: a new micro-batch is resolved anew.
+    smaller = policy.judge(_with_env(job, "DSSUP_MICRO_BATCH_SIZE", "1"), NS, "validate")
+    assert policy.cache_stats()["configs"][:2] == (1, 2)
+    plain = Policy(cluster_cache(), NO_MEMO)
+    assert smaller == plain.judge(_with_env(job, "DSSUP_MICRO_BATCH_SIZE", "1"), NS, "validate")

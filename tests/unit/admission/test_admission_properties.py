@@ -21,6 +21,7 @@ from dssup.admission import Adapter, Policy
 from dssup.admission.applypatch import PatchError, apply_ops
 from dssup.admission.config import resolve
 from dssup.admission.kinds import normalise
+from dssup.admission.settings import PolicySettings
 from dssup.admission.source import read_sources
 
 CACHE = cluster_cache()
@@ -175,6 +176,32 @@ def _mutate(rng: random.Random, value, depth=0):
     if isinstance(value, str) and value.isdigit():
         return str(rng.choice([0, 1, 2, 3, 64]))
     return rng.choice(junk) if rng.random() < 0.5 else value
+
+
+PLAIN = Policy(CACHE, PolicySettings(judgement_cache_size=0))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs(), st.sampled_from(["mutate", "validate", "warn"]), st.integers(0, 3))
+def test_remembering_policy_answers_like_one_that_forgets(obj, mode, run_id):
+    """POLICY keeps decisions, evaluations and resolved configs across all generated jobs (a
+    run id env var makes some of them fresh jobs of a known template); PLAIN keeps none."""
+    for c in (c for s in _pod_specs(obj) for c in s.get("containers", [])):
+        c.setdefault("env", []).append({"name": "RUN_ID", "value": str(run_id)})
+    assert POLICY.judge(obj, "team-a", mode) == PLAIN.judge(obj, "team-a", mode)
+
+
+def _pod_specs(obj):
+    spec = obj["spec"]
+    if obj["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in spec["pytorchReplicaSpecs"].values()]
+    if obj["kind"] == "Job":
+        return [spec["template"]["spec"]]
+    if obj["kind"] == "JobSet":
+        return [rj["template"]["spec"]["template"]["spec"] for rj in spec["replicatedJobs"]]
+    if obj["kind"] == "TrainJob":
+        return []
+    return [spec]
 
 
 def test_fuzz_ten_thousand_reviews():
