@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,3 +43,19 @@ def torchrun(
         timeout=timeout,
         check=False,
     )
+
+
+def journal_of(journal: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The journal records of one type (``attempt-ended``, ``remedy``, ...)."""
+    return [r for r in journal if r["type"] == kind]
+
+
+def ds_events(attempt: Path, event: str) -> list[dict[str, Any]]:
+    """The example job's ``DSSUP_DS {json}`` lines of one event in an attempt's console log."""
+    out = []
+    for line in (attempt / "torchrun.log").read_text().splitlines():
+        if "DSSUP_DS " in line:
+            doc = json.loads(line.split("DSSUP_DS ", 1)[1])
+            if doc["event"] == event:
+                out.append(doc)
+    return out

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ds_launch import ROOT, needs_deepspeed
+from ds_launch import ROOT, ds_events, journal_of, needs_deepspeed
 
 from dssup.supervisor.deepspeed.assess import assess_attempt
 from dssup.supervisor.deepspeed.continuity import parse_loss_lines
@@ -85,29 +85,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"done": done, "journal": journal, "attempts": attempts, "cfg": cfg, "work": work}
 
 
-def _of(journal: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [r for r in journal if r["type"] == kind]
-
-
-def _events(attempt: Path, event: str) -> list[dict[str, Any]]:
-    out = []
-    for line in (attempt / "torchrun.log").read_text().splitlines():
-        if "DSSUP_DS " in line:
-            doc = json.loads(line.split("DSSUP_DS ", 1)[1])
-            if doc["event"] == event:
-                out.append(doc)
-    return out
-
-
 def test_recovers_through_the_json(run: dict[str, Any]) -> None:
     done = run["done"]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ends = _of(run["journal"], "attempt-ended")
+    ends = journal_of(run["journal"], "attempt-ended")
     assert [e["failure"]["kind"] if e["failure"] else None for e in ends] == [
         "host-oom", "host-oom", None]  # fmt: skip
-    steps = [d["step"] for d in _of(run["journal"], "decision") if d["action"] == "remedy"]
+    steps = [d["step"] for d in journal_of(run["journal"], "decision") if d["action"] == "remedy"]
     assert steps == ["halve-micro-batch", "recompute"]
-    starts = _of(run["journal"], "attempt-started")
+    starts = journal_of(run["journal"], "attempt-started")
     assert {s["plan"]["global_batch"] for s in starts} == {GB}
     for start in starts[1:]:
         assert start["env"]["DSSUP_DS_RESUME_KIND"] == "direct"
@@ -122,7 +108,7 @@ def test_engine_reports_what_the_json_asked_for(run: dict[str, Any]) -> None:
         written = json.loads((attempt / "ds_config.json").read_text())
         assert written["zero_optimization"] == user["zero_optimization"]
         assert (written["gradient_clipping"], written["steps_per_print"]) == (1.0, 1000)
-        engine = _events(attempt, "engine")[0]
+        engine = ds_events(attempt, "engine")[0]
         triples.append((engine["micro_batch"], engine["grad_accum"], engine["train_batch_size"]))
         if attempt is third:
             assert written["activation_checkpointing"] == {"number_checkpoints": 1}
@@ -139,7 +125,7 @@ def test_engine_reports_what_the_json_asked_for(run: dict[str, Any]) -> None:
 
 def test_loss_continues_and_samples_advance_exactly(run: dict[str, Any]) -> None:
     first, _, third = run["attempts"]
-    loaded = _events(third, "loaded")[0]
+    loaded = ds_events(third, "loaded")[0]
     assert (loaded["global_steps"], loaded["global_samples"]) == (LONG_FROM, LONG_FROM * GB)
     before = parse_loss_lines((first / "torchrun.log").read_text())
     after = parse_loss_lines((third / "torchrun.log").read_text())

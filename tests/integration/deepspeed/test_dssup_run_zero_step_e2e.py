@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ds_launch import ROOT, needs_deepspeed
+from ds_launch import ROOT, ds_events, journal_of, needs_deepspeed
 
 from dssup.supervisor.deepspeed.assess import assess_attempt
 from dssup.supervisor.deepspeed.continuity import parse_loss_lines
@@ -93,29 +93,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"done": done, "journal": journal, "attempts": attempts}
 
 
-def _of(journal: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [r for r in journal if r["type"] == kind]
-
-
-def _events(attempt: Path, event: str) -> list[dict[str, Any]]:
-    out = []
-    for line in (attempt / "torchrun.log").read_text().splitlines():
-        if "DSSUP_DS " in line:
-            doc = json.loads(line.split("DSSUP_DS ", 1)[1])
-            if doc["event"] == event:
-                out.append(doc)
-    return out
-
-
 def test_optimizer_oom_moves_to_zero3(run: dict[str, Any]) -> None:
     done = run["done"]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ends = _of(run["journal"], "attempt-ended")
+    ends = journal_of(run["journal"], "attempt-ended")
     assert [e["failure"] and e["failure"]["kind"] for e in ends] == ["host-oom", None]
     failure = ends[0]["failure"]
     assert failure["phase"] == "optimizer"
     assert "DefaultCPUAllocator: can't allocate memory" in failure["message"]
-    (decision,) = [d for d in _of(run["journal"], "decision") if d["action"] == "remedy"]
+    (decision,) = [d for d in journal_of(run["journal"], "decision") if d["action"] == "remedy"]
     assert decision["step"] == "deepspeed:zero-3"
     assert decision["reason"].startswith("optimizer OOM: ZeRO-3 also shards the parameters")
     # chosen by predicted saving at the step, from the checkpoint's parameter count (no --model)
@@ -123,15 +109,15 @@ def test_optimizer_oom_moves_to_zero3(run: dict[str, Any]) -> None:
     assert "zero-2 saves 0.0 MiB, zero-3 saves 48.1 MiB" in decision["reason"]
     assert "zero-3 wins: the largest predicted saving" in decision["reason"]
     first, second = run["attempts"]
-    assert [_events(a, "engine")[0]["zero_stage"] for a in (first, second)] == [1, 3]
-    assert _events(second, "engine")[0]["load_universal"] is True
-    start = _of(run["journal"], "attempt-started")[1]
+    assert [ds_events(a, "engine")[0]["zero_stage"] for a in (first, second)] == [1, 3]
+    assert ds_events(second, "engine")[0]["load_universal"] is True
+    start = journal_of(run["journal"], "attempt-started")[1]
     assert start["env"]["DSSUP_DS_RESUME_KIND"] == "universal"
     assert start["env"]["DSSUP_RESUME_FROM"].endswith("global_step2")
 
 
 def test_zero3_ran_under_no_more_memory(run: dict[str, Any]) -> None:
-    first, second = (_events(a, "capped")[0] for a in run["attempts"])
+    first, second = (ds_events(a, "capped")[0] for a in run["attempts"])
     assert first["step"] == second["step"] == CAP_FROM_STEP
     assert second["limit"] <= first["limit"] + (8 << 20), (first, second)
     # the failed attempt got past the cap's resident base: the OOM was the step's working set
@@ -145,8 +131,8 @@ def _close(a: list[float] | None, b: list[float] | None) -> bool:
 
 def test_optimizer_state_survives_the_conversion(run: dict[str, Any]) -> None:
     first, second = run["attempts"]
-    (saved,) = _events(first, "state")
-    (loaded,) = _events(second, "state")
+    (saved,) = ds_events(first, "state")
+    (loaded,) = ds_events(second, "state")
     assert saved["global_steps"] == loaded["global_steps"] == 2
     assert saved["digest"].keys() == loaded["digest"].keys()
     for name, entry in saved["digest"].items():
