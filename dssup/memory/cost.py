@@ -29,7 +29,6 @@ __all__ = [
     "CostModel",
     "cost_at",
     "cost_curve",
-    "cost_terms",
     "step_cost",
 ]
 
@@ -64,26 +63,24 @@ def step_cost(
 ) -> dict[str, float]:
     """Seconds per optimizer step, by term; ``total`` is their sum."""
     t = training
-    compute, zero3, offload = cost_terms(
+    curve = cost_curve(
         cm,
         layout.pp,
         layout.vpp,
         layout.dp,
         layout.world_size,
         t.seq_len,
-        t.micro_batch,
-        t.grad_accum,
         t.recompute,
         t.zero_stage,
         t.offload_optimizer,
         t.offload_params,
         active_params,
         gpu_params,
-        shard_params,
         global_batch,
         weight_bytes,
         grad_bytes,
     )
+    compute, zero3, offload = cost_at(curve, t.micro_batch, t.grad_accum, shard_params)
     return {
         "compute": compute,
         "zero3": zero3,
@@ -135,43 +132,3 @@ def cost_at(c: CostCurve, b: int, m: int, shard: int) -> tuple[float, float, flo
     """(compute, zero3, offload) seconds for micro-batch ``b`` and ``m`` micro-batches."""
     compute = c.base * (1.0 + c.small_batch / b) * (1.0 + c.bubble / m)
     return compute, c.zero3_per_m * m, c.offload_per_shard * shard + c.offload_per_m * m
-
-
-def cost_terms(
-    cm: CostModel,
-    pp: int,
-    vpp: int,
-    dp: int,
-    world: int,
-    seq: int,
-    b: int,
-    m: int,
-    recompute: str,
-    zero: int,
-    off_opt: bool,
-    off_par: bool,
-    active: int,
-    gpu_params: int,
-    shard: int,
-    global_batch: int,
-    wbytes: int,
-    gbytes: int,
-) -> tuple[float, float, float]:
-    curve = cost_curve(
-        cm,
-        pp,
-        vpp,
-        dp,
-        world,
-        seq,
-        recompute,
-        zero,
-        off_opt,
-        off_par,
-        active,
-        gpu_params,
-        global_batch,
-        wbytes,
-        gbytes,
-    )
-    return cost_at(curve, b, m, shard)
