@@ -18,7 +18,7 @@ from typing import Any
 
 from dssup.admission.view import ContainerView
 
-__all__ = ["ArgvEditor", "Hit", "find", "find_launch", "list_ops"]
+__all__ = ["ArgvEditor", "Hit", "find_launch", "list_ops"]
 
 _FIELDS = ("command", "args")
 
@@ -73,15 +73,11 @@ def _number(text: str) -> bool:
     return True
 
 
-def find(c: ContainerView, names: frozenset[str]) -> list[Hit]:
-    """Every occurrence of any flag in ``names`` in the container's command then args."""
-    return list(_find(c.command, c.args, names))
-
-
 def find_launch(
     command: tuple[str, ...], args: tuple[str, ...], names: frozenset[str]
 ) -> tuple[Hit, ...]:
-    """``find`` on a bare launch line (cached; the result is shared, hence a tuple)."""
+    """Every occurrence of any flag in ``names`` in a launch line's command then args (cached;
+    the result is shared, hence a tuple)."""
     return _find(command, args, names)
 
 
@@ -179,6 +175,5 @@ class ArgvEditor:
 
 
 def find_lists(lists: dict[str, list[str]], names: frozenset[str]) -> list[Hit]:
-    """``find`` over an editor's working lists."""
-    view = ContainerView("", tuple(lists["command"]), tuple(lists["args"]), (), 0, (), "", "", "")
-    return find(view, names)
+    """``find_launch`` over an editor's working lists."""
+    return list(find_launch(tuple(lists["command"]), tuple(lists["args"]), names))

@@ -6,10 +6,11 @@ it (finalizers, labels, annotations) many times over its life; sweeps submit one
 many names. A decision depends only on the object's content (minus the fields the apiserver or
 the user change freely: name, uid, resourceVersion, timestamps, managedFields, status, and
 annotations outside ``dssup.io/``), the namespace, the webhook mode and the cluster cache's
-content. The validating webhook does not read what the mutating one wrote (``dssup.io/estimate``,
-``resized-from``, ``resized-to``), so those are left out of its key: validate after mutate hits. So ``judgement_key`` hashes exactly
-that, with the cache's *generation* (bumped by the cache whenever something a decision can read
-changes). ``Policy`` keeps decisions per webhook mode, and ``Evaluator`` keeps the mode-free
+content. So ``content`` serialises exactly that, with the cache's *generation* (bumped by the
+cache whenever something a decision can read changes), and ``digest`` keys it per scope. The
+validating webhook does not read what the mutating one wrote (``dssup.io/estimate``,
+``resized-from``, ``resized-to``), so those are left out of its content: validate after mutate
+hits. ``Policy`` keeps decisions per webhook mode, and ``Evaluator`` keeps the mode-free
 evaluations, each in a bounded LRU.
 
 Correctness rule, tested by a property test: two objects that differ only in what the key
@@ -33,7 +34,6 @@ __all__ = [
     "carries_written",
     "content",
     "digest",
-    "judgement_key",
 ]
 
 VOLATILE_META = frozenset(
@@ -105,11 +105,3 @@ def digest(scope: str, raw: bytes) -> bytes:
     """16-byte key of ``raw`` for one ``scope``: a webhook mode, or ``"evaluate"`` for the
     mode-free evaluation (view, config, GPU, estimate) the webhooks share."""
     return hashlib.blake2b(raw, digest_size=16, person=scope.encode()[:16]).digest()
-
-
-def judgement_key(
-    obj: Mapping[str, Any], namespace: str, scope: str, generation: int
-) -> bytes | None:
-    """``digest(scope, content(...))``: the key of a decision (scope = mode) or evaluation."""
-    raw = content(obj, namespace, generation, keep_written=scope == "mutate")
-    return None if raw is None else digest(scope, raw)

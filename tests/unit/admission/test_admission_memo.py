@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dssup.admission import Policy
-from dssup.admission.memo import VOLATILE_META, WRITTEN, judgement_key
+from dssup.admission.memo import VOLATILE_META, WRITTEN, content
 from dssup.admission.settings import PolicySettings
 from dssup.obs.metrics import PrometheusMetrics
 
@@ -114,7 +114,7 @@ def test_configmap_change_bumps_generation_only_when_data_changes() -> None:
 
 def test_unhashable_objects_are_judged_without_memory() -> None:
     obj = {"kind": "Pod", "spec": {"containers": [{"name": "c", "args": [{1, 2}]}]}}
-    assert judgement_key(obj, NS, "validate", 0) is None
+    assert content(obj, NS, 0, keep_written=False) is None
     assert Policy(cluster_cache()).judge(obj, NS, "validate").allowed
 
 
