@@ -17,6 +17,7 @@ Run: .venv/bin/python bench/admission_inprocess.py
 
 from __future__ import annotations
 
+import base64
 import copy
 import gc
 import json
@@ -27,6 +28,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import jsonpatch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures" / "admission"))
 from admission_helpers import cluster_cache, load, review
@@ -94,10 +97,6 @@ def _bodies(obj: dict[str, Any], n: int, start: int = 0) -> list[bytes]:
 
 def _admitted(adapter: Adapter, body: bytes) -> bytes:
     """The object as the apiserver stores it after the mutating webhook's patch."""
-    import base64
-
-    import jsonpatch
-
     resp = loads(adapter.handle("mutate", body)[1])["response"]
     doc = loads(body)
     if resp.get("patch"):
