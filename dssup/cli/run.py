@@ -34,9 +34,11 @@ from dssup.supervisor.story import story, summarize
 __all__ = ["build_supervisor", "initial_plan", "print_summary", "run_cmd"]
 
 EXIT_HELP = """\b
-Exit status: 0 the job finished (after any number of recoveries); after giving up, the
-last torchrun status (128+N when it died of signal N); 125 dssup's own failure; 126 the
-command is not runnable; 127 it was not found; 2 bad usage.
+Exit status: 0 the job finished (after any number of recoveries); 3 it finished, but a
+recovery was judged broken (the loss jumped or samples were skipped after a resume: see the
+journal's continuity record); after giving up, the last torchrun status (128+N when it died
+of signal N); 125 dssup's own failure; 126 the command is not runnable; 127 it was not found;
+2 bad usage.
 """
 
 

@@ -14,7 +14,11 @@ knows, through one small protocol:
 * ``checkpoint_dirs``: where this framework saves checkpoints, found in the command;
 * ``applies`` (optional): whether the command is a job of this framework at all. Adapters
   that do not apply take no part in the run (no rungs, no capabilities). Without the method,
-  an adapter applies when its ``initial_plan`` fills in a blank plan from the command.
+  an adapter applies when its ``initial_plan`` fills in a blank plan from the command;
+* ``assess`` (optional): judge an attempt once it has ended (DeepSpeed: did the loss continue
+  after a resume under a changed config?). The supervisor journals each record as
+  ``continuity``; a record with ``ok: false`` makes the recovery a failure, even when training
+  then finishes.
 
 ``load_adapters`` finds the DeepSpeed adapter by importing ``dssup.supervisor.deepspeed`` and
 calling its ``adapter()`` factory when that exists, so this package never depends on it.
@@ -27,7 +31,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from dssup.supervisor.command import TorchrunCommand
 from dssup.supervisor.models import Failure, Remedy, TrainingPlan
@@ -38,6 +42,7 @@ __all__ = [
     "RemedyContext",
     "RemedyStep",
     "adapter_applies",
+    "assessments",
     "load_adapters",
 ]
 
@@ -105,6 +110,25 @@ def adapter_applies(adapter: PlanAdapter, command: TorchrunCommand, plan: Traini
     if callable(check):
         return bool(check(command))
     return adapter.initial_plan(command, plan) != plan
+
+
+def assessments(adapters: Sequence[PlanAdapter], attempt_dir: Path) -> list[dict[str, Any]]:
+    """What the adapters with an ``assess`` method say about the attempt in ``attempt_dir``:
+    JSON-ready records, each with the adapter's name and an ``ok`` flag. An adapter that fails
+    while judging is logged and skipped; judging never stops a run."""
+    out: list[dict[str, Any]] = []
+    for adapter in adapters:
+        assess = getattr(adapter, "assess", None)
+        if not callable(assess):
+            continue
+        try:
+            record = assess(attempt_dir)
+        except Exception:
+            log.exception("adapter %s could not judge %s", adapter.name, attempt_dir.name)
+            continue
+        if record is not None:
+            out.append({"adapter": adapter.name, **record})
+    return out
 
 
 def load_adapters(names: Sequence[str] = ("dssup.supervisor.deepspeed",)) -> list[PlanAdapter]:

@@ -5,8 +5,8 @@ file in the same directory, fsynced and renamed over the old one, so a reader (o
 restarted after SIGKILL) sees either the journal before an event or after it, never half a
 line. Journals are small (a few records per attempt), so rewriting costs microseconds.
 
-Record types: ``run-started``, ``attempt-started``, ``attempt-ended``, ``decision``,
-``supervisor-restarted``, ``run-ended``. Each carries ``seq`` (0, 1, ...) and ``ts``.
+Record types: ``run-started``, ``attempt-started``, ``attempt-ended``, ``continuity`` (an
+adapter's judgement of an ended attempt), ``decision``, ``supervisor-restarted``, ``run-ended``. Each carries ``seq`` (0, 1, ...) and ``ts``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ failed request, or at least the whole device), the difference becomes
 ``Overheads.calibration_bytes`` for every later estimate. Then ``dssup.memory.plan`` searches the
 configs that keep the layout and the global batch, limited to the knobs some adapter can carry
 out (ZeRO and offload only with DeepSpeed), and the cheapest one that fits with the safety
-margin and has not failed before is proposed.
+margin and has not failed before is proposed. After an OOM in the optimizer step only configs
+that change what the step holds (ZeRO stage, offload) qualify: the model's calibration shifts
+every config alike, so a smaller micro-batch would look as if it fitted while the failing
+allocation (optimizer states, gradient partitions) stays the same size.
 """
 
 from __future__ import annotations
@@ -53,6 +56,13 @@ def _from_candidate(c: Candidate, plan: TrainingPlan) -> TrainingPlan:
             "offload": _OFFLOAD[(t.offload_optimizer, t.offload_params)],
         }
     )
+
+
+def _helps(failure: Failure, old: TrainingPlan, new: TrainingPlan) -> bool:
+    """Whether ``new`` can shrink what failed: at the optimizer step only ZeRO and offload do."""
+    if failure.phase != "optimizer":
+        return True
+    return (new.zero_stage, new.offload) != (old.zero_stage, old.offload)
 
 
 @dataclass
@@ -118,7 +128,7 @@ class ModelStep:
         result = plan_memory(req)
         for cand in result.candidates:
             new = _from_candidate(cand, plan)
-            if new.key() in ctx.tried or new == plan:
+            if new.key() in ctx.tried or new == plan or not _helps(failure, plan, new):
                 continue
             reason = (
                 f"memory model (calibrated +{calibration} B): {new.describe()} peaks at "

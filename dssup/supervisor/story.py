@@ -81,6 +81,11 @@ def _sentence(rec: dict[str, Any]) -> str | None:
         step = rec.get("checkpoint_step")
         saved = f"; latest checkpoint: step {step}" if step is not None else ""
         return f"Attempt {rec['attempt']} ended: {f['kind']}{where} ({f['message'][:140]}){saved}."
+    if t == "continuity":
+        return (
+            f"Attempt {rec['attempt']} judged by {rec.get('adapter')}: {rec.get('verdict')}"
+            f"{'' if rec.get('ok', True) else ' (the recovery FAILED)'}: {rec.get('detail', '')}"
+        )
     if t == "decision":
         return (
             f"Decision after attempt {rec.get('after_attempt')}: {rec['action']}: {rec['reason']}."

@@ -16,12 +16,18 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from dssup.obs.metrics import Metrics, NullMetrics
-from dssup.supervisor.adapters import BUILTIN_CAPABILITIES, PlanAdapter, RemedyContext
+from dssup.supervisor.adapters import (
+    BUILTIN_CAPABILITIES,
+    PlanAdapter,
+    RemedyContext,
+    assessments,
+)
 from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
 from dssup.supervisor.command import TorchrunCommand
@@ -32,12 +38,15 @@ from dssup.supervisor.process import Child, terminate_token
 from dssup.supervisor.remedies import RemedyPlanner
 from dssup.supervisor.state import RunState, replay
 
-__all__ = ["RunOutcome", "Supervisor"]
+__all__ = ["RECOVERY_FAILED", "RunOutcome", "Supervisor"]
 
 log = logging.getLogger(__name__)
 # Retried as they are (same plan), with backoff: unknown failures, and communication failures
 # whose root cause was not seen here (on another node, or a network blip).
 _RETRIED = frozenset({FailureKind.TRANSIENT, FailureKind.COMM})
+# Exit status of a run whose training finished after a recovery an adapter judged broken (the
+# loss jumped, samples were skipped or repeated): the result is not to be trusted as it is.
+RECOVERY_FAILED = 3
 
 
 @dataclass
@@ -129,7 +138,7 @@ class Supervisor:
             result = self._with_transient_retries(journal, state)
             failure = result.failure
             if failure is None or failure.kind == FailureKind.TEARDOWN:
-                return self._end(journal, state, "succeeded", "training finished", 0)
+                return self._finished(journal, state)
             if failure.kind == FailureKind.INTERRUPTED:
                 return self._end(
                     journal, state, "interrupted", failure.message, 128 + (failure.signal or 15)
@@ -291,9 +300,28 @@ class Supervisor:
             spawned_at=round(result.spawned_at, 4),
             exited_at=round(result.exited_at, 4),
         )
+        self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
         self._write_metrics()
         return result
+
+    def _assess(self, journal: Journal, number: int, attempt_dir: Path) -> None:
+        """Journal what adapters judge of the attempt that just ended (loss continuity)."""
+        for record in assessments(self.adapters, attempt_dir):
+            journal.append("continuity", attempt=number, **record)
+
+    def _finished(self, journal: Journal, state: RunState) -> RunOutcome:
+        """Training finished; a recovery that an adapter judged broken still fails the run."""
+        broken = [r for r in journal.of_type("continuity") if not r.get("ok", True)]
+        if not broken:
+            return self._end(journal, state, "succeeded", "training finished", 0)
+        first = broken[0]
+        reason = (
+            f"training finished, but the recovery failed: attempt {first['attempt']} "
+            f"({first['adapter']}): {first.get('verdict')}: {first.get('detail', '')}"
+        )
+        log.error("%s", reason)
+        return self._end(journal, state, "recovery-failed", reason, RECOVERY_FAILED)
 
     def _write_metrics(self) -> None:
         path, write = self.config.metrics_textfile, getattr(self.metrics, "write_textfile", None)

@@ -191,22 +191,20 @@ class DeepSpeedAdapter:
         else:
             args[src.index + 1] = str(path)
         notes = [f"wrote {path}"] + [c.line() for c in changes]
-        notes += _previous_continuity(attempt_dir)
         notes.append(f"resume: {resume.kind} ({resume.reason})")
         if resume.warning:
             notes.append(resume.warning)
         return AppliedPlan(script_args=args, env=_resume_env(resume, path), notes=notes)
 
-
-def _previous_continuity(attempt_dir: Path) -> list[str]:
-    """Judge the attempt before this one if it resumed (its losses are all on disk now)."""
-    earlier = sorted(p for p in attempt_dir.parent.glob("attempt-*") if p.name < attempt_dir.name)
-    record = assess_attempt(earlier[-1]) if earlier else None
-    if record is None:
-        return []
-    level = logging.INFO if record.ok else logging.ERROR
-    log.log(level, "loss continuity after resume (%s): %s", earlier[-1].name, record.detail)
-    return [f"loss continuity of {earlier[-1].name}: {record.verdict}: {record.detail}"]
+    def assess(self, attempt_dir: Path) -> dict[str, Any] | None:
+        """Loss continuity of an attempt that resumed (``assess_attempt``), once it has ended:
+        the supervisor journals it, and a jump or a sample gap fails the recovery."""
+        record = assess_attempt(attempt_dir)
+        if record is None:
+            return None
+        level = logging.INFO if record.ok else logging.ERROR
+        log.log(level, "loss continuity after resume (%s): %s", attempt_dir.name, record.detail)
+        return record.model_dump(mode="json")
 
 
 def _resume_env(resume: Resume, config: Path) -> dict[str, str]:

@@ -134,3 +134,7 @@ def test_loss_continues_and_samples_advance_exactly(run: dict[str, Any]) -> None
     record = assess_attempt(third)
     assert record is not None and record.ok, record
     assert record.verdict == "continuous" and record.resumed_at_step == LONG_FROM
+    (judged,) = journal_of(run["journal"], "continuity")  # journalled when the attempt ended
+    assert (judged["attempt"], judged["adapter"]) == (3, "deepspeed")
+    assert (judged["verdict"], judged["ok"]) == ("continuous", True)
+    assert journal_of(run["journal"], "run-ended")[0]["outcome"] == "succeeded"

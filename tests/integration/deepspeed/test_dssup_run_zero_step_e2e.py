@@ -152,4 +152,8 @@ def test_loss_continues_and_samples_advance_exactly(run: dict[str, Any]) -> None
     record = assess_attempt(second)
     assert record is not None and record.ok, record
     assert record.verdict == "continuous" and record.resumed_at_step == 2
+    (judged,) = journal_of(run["journal"], "continuity")  # journalled when the attempt ended
+    assert (judged["attempt"], judged["adapter"]) == (2, "deepspeed")
+    assert (judged["verdict"], judged["ok"]) == ("continuous", True)
+    assert journal_of(run["journal"], "run-ended")[0]["outcome"] == "succeeded"
     assert record.redo_steps == 1

@@ -166,3 +166,25 @@ def test_memory_model_rung_uses_zero_only_with_an_adapter_that_can():
     ds = RemedyPlanner.default(step).decide(f, plan, RemedyContext(tried, caps))
     assert plain is None or plain.plan.zero_stage == 0
     assert ds is not None and (ds.plan.zero_stage > 0 or ds.plan.offload != "none")
+
+
+def test_memory_model_rung_answers_an_optimizer_step_oom_with_zero_or_offload_only():
+    step = _model_step()
+    plan = TrainingPlan(
+        micro_batch=4, grad_accum=8, global_batch=256, dp=8, world_size=8, zero_stage=1
+    )
+    f = Failure(
+        kind=FailureKind.CUDA_OOM,
+        tried_to_allocate=4 << 30,
+        in_use_bytes=79 * GiB,
+        phase="optimizer",
+    )
+    tried = frozenset({plan.key()})
+    builtin = RemedyContext(tried, BUILTIN_CAPABILITIES, "cuda")
+    assert step.propose(f, plan, builtin) is None  # no adapter can change ZeRO or offload
+    same_fault_in_backward = f.model_copy(update={"phase": "backward"})
+    assert step.propose(same_fault_in_backward, plan, builtin) is not None  # micro-batch helps
+    caps = BUILTIN_CAPABILITIES | {"zero_stage", "offload"}
+    r = step.propose(f, plan, RemedyContext(tried, caps, "cuda"))
+    assert r is not None and (r.plan.zero_stage, r.plan.offload) != (1, "none")
+    assert r.plan.micro_batch * r.plan.grad_accum * 8 == 256
