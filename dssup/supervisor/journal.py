@@ -6,7 +6,8 @@ restarted after SIGKILL) sees either the journal before an event or after it, ne
 line. Journals are small (a few records per attempt), so rewriting costs microseconds.
 
 Record types: ``run-started``, ``attempt-started``, ``attempt-ended``, ``continuity`` (an
-adapter's judgement of an ended attempt), ``decision``, ``supervisor-restarted``, ``run-ended``. Each carries ``seq`` (0, 1, ...) and ``ts``.
+adapter's judgement of an ended attempt), ``decision``, ``supervisor-restarted``, ``run-ended``.
+Each carries ``seq`` (0, 1, ...) and ``ts``.
 """
 
 from __future__ import annotations
