@@ -10,8 +10,8 @@ templates are common, so the 2-10 ms of a DeepSeek-V3 estimate is paid once per 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 from dssup.admission.cache import ClusterCache
 from dssup.admission.config import Incomplete, JobConfig, resolve
@@ -25,6 +25,8 @@ from dssup.admission.view import JobView
 from dssup.memory import Estimate, Layout, Training, estimate
 
 __all__ = ["LRU", "Evaluation", "Evaluator"]
+
+T = TypeVar("T")
 
 
 class LRU:
@@ -44,6 +46,15 @@ class LRU:
         else:
             self.misses += 1
         return value
+
+    def remember(self, key: Hashable, make: Callable[[], T]) -> T:
+        """The value kept for ``key``, else ``make()``, kept. Nothing is kept when ``make``
+        raises (failures are not remembered)."""
+        found: T | None = self.get(key)
+        if found is None:
+            found = make()
+            self.put(key, found)
+        return found
 
     def stats(self) -> tuple[int, int, int]:
         """(hits, misses, entries)."""
@@ -94,18 +105,16 @@ class Evaluator:
         }
 
     def estimate(self, cfg: JobConfig, layout: Layout, training: Training, usable: int) -> Estimate:
-        key = (cfg.model_key, layout, training, usable)
-        est = self._estimates.get(key)
-        if est is None:
-            est = estimate(
+        return self._estimates.remember(
+            (cfg.model_key, layout, training, usable),
+            lambda: estimate(
                 cfg.model,
                 layout,
                 training,
                 convention=self.settings.convention,
                 gpu_memory_bytes=usable,
-            )
-            self._estimates.put(key, est)
-        return est  # type: ignore[no-any-return]
+            ),
+        )
 
     def evaluate(
         self, obj: Mapping[str, Any], namespace: str, raw: bytes | None = None
@@ -120,12 +129,9 @@ class Evaluator:
             raw = content(obj, namespace, self._generation(), keep_written=False)
             if raw is None:
                 return self._evaluate(obj, namespace)
-        key = digest("evaluate", raw)
-        found: Evaluation | Decision | None = self._evaluations.get(key)
-        if found is None:
-            found = self._evaluate(obj, namespace)
-            self._evaluations.put(key, found)
-        return found
+        return self._evaluations.remember(
+            digest("evaluate", raw), lambda: self._evaluate(obj, namespace)
+        )
 
     def _evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
         kind = obj.get("kind")
@@ -154,11 +160,7 @@ class Evaluator:
             key = config_key(src, world_size, self._generation())
         if key is None:
             return resolve(src, self.cache, world_size)
-        cfg: JobConfig | None = self._configs.get(key)
-        if cfg is None:
-            cfg = resolve(src, self.cache, world_size)
-            self._configs.put(key, cfg)
-        return cfg
+        return self._configs.remember(key, lambda: resolve(src, self.cache, world_size))
 
     def _judge_view(self, view: JobView) -> Evaluation | Decision:
         if not view.training_sets:

@@ -122,13 +122,14 @@ class Policy:
         raw = content(obj, namespace, self._generation(), keep_written=mode == "mutate")
         if raw is None:
             return self._judge(obj, namespace, mode, None)
-        key = digest(mode, raw)
-        decision: Decision | None = self._memo.get(key)
-        if decision is None:
-            shared = None if mode == "mutate" and carries_written(obj) else raw
-            decision = self._judge(obj, namespace, mode, shared)
-            self._memo.put(key, decision)
-        return decision
+        # On a miss the evaluation shares ``raw``, unless the mutating webhook meets annotations
+        # dssup wrote (the evaluation's content leaves them out).
+        return self._memo.remember(
+            digest(mode, raw),
+            lambda: self._judge(
+                obj, namespace, mode, None if mode == "mutate" and carries_written(obj) else raw
+            ),
+        )
 
     def _judge(
         self, obj: Mapping[str, Any], namespace: str, mode: Mode, raw: bytes | None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from dssup.admission import annotations as ann
 from dssup.admission.argv import Hit, find_launch
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES, all_names
@@ -204,9 +205,7 @@ def config_key(src: Sources, world_size: int, generation: int) -> tuple[Any, ...
                     return None
                 env.append((var.name, var.value))
     notes = (tuple(src.problems), tuple(src.warnings))
-    annotations = tuple(
-        (k, v) for k, v in src.view.annotations.items() if k.startswith("dssup.io/")
-    )
+    annotations = tuple((k, v) for k, v in src.view.annotations.items() if k.startswith(ann.PREFIX))
     return (src.launch, annotations, tuple(env), notes, world_size, src.view.namespace, generation)
 
 
