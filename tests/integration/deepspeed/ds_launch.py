@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+DSSUP = str(Path(sys.executable).with_name("dssup"))
+EXAMPLE = ROOT / "examples" / "deepspeed" / "train_ds.py"
 HAVE_DEEPSPEED = find_spec("deepspeed") is not None and find_spec("torch") is not None
 needs_deepspeed = pytest.mark.skipif(
     not HAVE_DEEPSPEED,
@@ -43,6 +45,39 @@ def torchrun(
         timeout=timeout,
         check=False,
     )
+
+
+def dssup_run_example(
+    work: Path,
+    config: dict[str, Any],
+    dssup_args: list[str],
+    example_args: list[str],
+    *,
+    timeout: float,
+    **env: str,
+) -> dict[str, Any]:
+    """Real ``dssup run --device cpu`` around real torchrun with 2 ranks of the DeepSpeed example
+    reading ``config``; run directory and checkpoints under ``work``. glibc maps every block over
+    128 KiB (``MALLOC_MMAP_THRESHOLD_``), so an address-space cap tracks live tensors. Returns the
+    completed process, the journal records, the attempt directories and the config's path."""
+    cfg = work / "ds.json"
+    cfg.write_text(json.dumps(config))
+    run_env = dict(os.environ) | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    run_env |= {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    run_env |= env
+    run_env["PYTHONPATH"] = str(ROOT)
+    cmd = [
+        DSSUP, "run", "--run-dir", str(work / "run"), "--device", "cpu",
+        "--checkpoint-dir", str(work / "ckpt"), *dssup_args, "--",
+        "torchrun", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
+        "--deepspeed_config", str(cfg), "--save-dir", str(work / "ckpt"), *example_args,
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=work, env=run_env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    journal = [json.loads(x) for x in (work / "run" / "journal.jsonl").read_text().splitlines()]
+    attempts = sorted((work / "run").glob("attempt-*"))
+    return {"done": done, "journal": journal, "attempts": attempts, "cfg": cfg, "work": work}
 
 
 def journal_of(journal: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

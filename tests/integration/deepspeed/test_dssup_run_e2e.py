@@ -32,14 +32,10 @@ An optimizer-step OOM rescued by a higher ZeRO stage is test_dssup_run_zero_step
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from ds_launch import ROOT, ds_events, journal_of, needs_deepspeed
+from ds_launch import ds_events, dssup_run_example, journal_of, needs_deepspeed
 
 from dssup.supervisor.deepspeed.assess import assess_attempt
 from dssup.supervisor.deepspeed.continuity import parse_loss_lines
@@ -59,30 +55,20 @@ USER_CONFIG = {
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("e2e")
-    cfg = work / "ds.json"
-    cfg.write_text(json.dumps(USER_CONFIG))
-    env = dict(os.environ) | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    env |= {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-    env |= {"MALLOC_ARENA_MAX": "1"}
-    env["PYTHONPATH"] = str(ROOT)
-    cmd = [
-        str(Path(sys.executable).with_name("dssup")), "run", "--run-dir", str(work / "run"),
-        "--device", "cpu", "--max-attempts", "5", "--checkpoint-dir", str(work / "ckpt"),
-        "--no-fast-fail", "--",  # see the note on fast-fail in the module docstring
-        "torchrun", "--standalone", "--nproc-per-node", "2",
-        str(ROOT / "examples" / "deepspeed" / "train_ds.py"), "--deepspeed_config", str(cfg),
-        "--steps", str(STEPS), "--save-dir", str(work / "ckpt"), "--save-every", str(LONG_FROM),
-        "--width", "256", "--depth", "12", "--lr", "1e-5", "--tokens", "256",
-        "--long-tokens", "4096", "--long-from-step", str(LONG_FROM), "--mem-cap-mb", str(BUDGET_MB),
+    example_args = [
+        "--steps", str(STEPS), "--save-every", str(LONG_FROM), "--width", "256",
+        "--depth", "12", "--lr", "1e-5", "--tokens", "256", "--long-tokens", "4096",
+        "--long-from-step", str(LONG_FROM), "--mem-cap-mb", str(BUDGET_MB),
     ]  # fmt: skip
-    done = subprocess.run(
-        cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900, check=False
+    return dssup_run_example(
+        tmp_path_factory.mktemp("e2e"),
+        USER_CONFIG,
+        # --no-fast-fail: see the note on fast-fail in the module docstring
+        ["--max-attempts", "5", "--no-fast-fail"],
+        example_args,
+        timeout=900,
+        MALLOC_ARENA_MAX="1",
     )
-    journal_file = work / "run" / "journal.jsonl"
-    journal = [json.loads(x) for x in journal_file.read_text().splitlines()]
-    attempts = sorted((work / "run").glob("attempt-*"))
-    return {"done": done, "journal": journal, "attempts": attempts, "cfg": cfg, "work": work}
 
 
 def test_recovers_through_the_json(run: dict[str, Any]) -> None:

@@ -34,16 +34,11 @@ primary continuity evidence, relative 1e-6; the trend check has one new step aft
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from ds_launch import ROOT, ds_events, journal_of, needs_deepspeed
+from ds_launch import ds_events, dssup_run_example, journal_of, needs_deepspeed
 
 from dssup.supervisor.deepspeed.assess import assess_attempt
 from dssup.supervisor.deepspeed.continuity import parse_loss_lines
@@ -70,27 +65,18 @@ USER_CONFIG = {
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("zero-step")
-    cfg = work / "ds.json"
-    cfg.write_text(json.dumps(USER_CONFIG))
-    env = dict(os.environ) | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    env |= {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-    env["PYTHONPATH"] = str(ROOT)
-    cmd = [
-        str(Path(sys.executable).with_name("dssup")), "run", "--run-dir", str(work / "run"),
-        "--device", "cpu", "--max-attempts", "3", "--checkpoint-dir", str(work / "ckpt"), "--",
-        "torchrun", "--standalone", "--nproc-per-node", "2",
-        str(ROOT / "examples" / "deepspeed" / "train_ds.py"), "--deepspeed_config", str(cfg),
-        "--steps", str(STEPS), "--save-dir", str(work / "ckpt"), "--save-every", "2",
-        "--width", "2048", "--depth", "12", "--lr", "2e-6", "--fused-adam", "--state-digest",
-        "--mem-cap-mb", str(BUDGET_MB), "--mem-cap-from-step", str(CAP_FROM_STEP),
+    example_args = [
+        "--steps", str(STEPS), "--save-every", "2", "--width", "2048", "--depth", "12",
+        "--lr", "2e-6", "--fused-adam", "--state-digest", "--mem-cap-mb", str(BUDGET_MB),
+        "--mem-cap-from-step", str(CAP_FROM_STEP),
     ]  # fmt: skip
-    done = subprocess.run(
-        cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False
+    return dssup_run_example(
+        tmp_path_factory.mktemp("zero-step"),
+        USER_CONFIG,
+        ["--max-attempts", "3"],
+        example_args,
+        timeout=600,
     )
-    journal = [json.loads(x) for x in (work / "run" / "journal.jsonl").read_text().splitlines()]
-    attempts = sorted((work / "run").glob("attempt-*"))
-    return {"done": done, "journal": journal, "attempts": attempts}
 
 
 def test_optimizer_oom_moves_to_zero3(run: dict[str, Any]) -> None:
