@@ -17,20 +17,26 @@ import resource
 import sys
 from typing import Any
 
-__all__ = ["clean_exit", "mark_done", "memory_cap", "vm_size_bytes"]
+__all__ = ["clean_exit", "mark_done", "memory_cap", "status_bytes", "vm_size_bytes"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 131072
 
 
-def vm_size_bytes() -> int:
-    """This process's current virtual size (``VmSize`` in ``/proc/self/status``)."""
+def status_bytes(key: str) -> int:
+    """A memory figure of this process from ``/proc/self/status`` (``VmSize``, ``VmPeak``,
+    ``VmHWM``, ...), in bytes."""
     with open("/proc/self/status", encoding="ascii") as fh:
         for line in fh:
-            if line.startswith("VmSize:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-    raise OSError("VmSize not found in /proc/self/status")
+    raise OSError(f"{key} not found in /proc/self/status")
+
+
+def vm_size_bytes() -> int:
+    """This process's current virtual size (``VmSize``)."""
+    return status_bytes("VmSize")
 
 
 def memory_cap(budget_bytes: int) -> int:

@@ -29,7 +29,7 @@ from torch.nn import functional
 from torch.utils.checkpoint import checkpoint
 
 from dssup.runtime import clean_exit, memory_cap, read_plan
-from dssup.runtime.process import vm_size_bytes
+from dssup.runtime.process import status_bytes, vm_size_bytes
 
 CHUNK = 1 << 20  # elements per all-reduce / broadcast: bounds gloo's temporary buffers
 
@@ -192,17 +192,9 @@ def main() -> None:
         time.sleep(args.step_delay)
     if rank == 0 and args.out is not None:
         torch.save(flat, args.out)
-    peak = _vm_peak() - vm_at_cap
+    peak = status_bytes("VmPeak") - vm_at_cap
     print(f"zero_worker rank {rank} peak growth {peak / 2**20:.1f} MiB", flush=True)
     clean_exit(dist)
-
-
-def _vm_peak() -> int:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmPeak:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 if __name__ == "__main__":
