@@ -5,6 +5,10 @@ judged (no GPUs, unknown kind, incomplete config, unknown GPU, cache miss). Esti
 in a bounded LRU keyed by (model, layout, training, usable bytes): the same job is judged by the
 mutating webhook, again after re-invocation and by the validating webhook, and replicated
 templates are common, so the 2-10 ms of a DeepSeek-V3 estimate is paid once per config.
+
+A job never seen before is usually a known template under a new name or run id: what its
+config, GPU and estimate are (a ``Judged``) is remembered by ``config_key`` plus the GPU
+products, so such a job costs only its reading (normalise, sources, key), not the resolution.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dssup.admission.source import Sources, config_key, read_sources
 from dssup.admission.view import JobView
 from dssup.memory import Estimate, Layout, Training, estimate
 
-__all__ = ["LRU", "Evaluation", "Evaluator"]
+__all__ = ["LRU", "Evaluation", "Evaluator", "Judged"]
 
 T = TypeVar("T")
 
@@ -69,14 +73,25 @@ class LRU:
             self._data.popitem(last=False)
 
 
+class Judged(NamedTuple):
+    """What a config is (resolved config, GPU, estimate): shared by every job with its key."""
+
+    cfg: JobConfig
+    gpu: GpuMemory
+    est: Estimate
+
+
 class Evaluation(NamedTuple):
-    """A job that could be judged, with everything needed to explain and to resize it."""
+    """A job that could be judged, with everything needed to explain and to resize it.
+    ``key`` names its ``Judged`` (None when not remembered): answers that depend on nothing
+    else may be remembered under it."""
 
     view: JobView
     src: Sources
     cfg: JobConfig
     gpu: GpuMemory
     est: Estimate
+    key: Hashable | None = None
 
 
 def _allow(code: str, message: str, *warnings: str) -> Decision:
@@ -94,13 +109,13 @@ class Evaluator:
         self._estimates = LRU(settings.estimate_cache_size)
         self._generation = cache.generation if isinstance(cache, Versioned) else None
         self._evaluations = LRU(settings.judgement_cache_size if self._generation else 0)
-        self._configs = LRU(settings.judgement_cache_size if self._generation else 0)
+        self._judged = LRU(settings.judgement_cache_size if self._generation else 0)
 
     def cache_stats(self) -> dict[str, tuple[int, int, int]]:
         """(hits, misses, entries) of the evaluation and estimate caches."""
         return {
             "evaluations": self._evaluations.stats(),
-            "configs": self._configs.stats(),
+            "configs": self._judged.stats(),
             "estimates": self._estimates.stats(),
         }
 
@@ -152,22 +167,37 @@ class Evaluator:
             )
         return found
 
-    def _resolve(self, src: Sources, world_size: int) -> JobConfig:
-        """``resolve``, remembered by ``config_key`` (a fresh job from a known template differs
-        only in what no knob reads). Failures are not remembered."""
-        key = None
-        if self._generation is not None and self._configs.size > 0:
-            key = config_key(src, world_size, self._generation())
-        if key is None:
-            return resolve(src, self.cache, world_size)
-        return self._configs.remember(key, lambda: resolve(src, self.cache, world_size))
+    def _key(self, src: Sources, world_size: int, products: tuple[str, ...]) -> Hashable | None:
+        """``config_key`` plus the GPU products: all a ``Judged`` depends on (the settings are
+        the evaluator's own). None where nothing is remembered."""
+        if self._generation is None or self._judged.size <= 0:
+            return None
+        key = config_key(src, world_size, self._generation())
+        return None if key is None else (key, products)
 
     def _judge_view(self, view: JobView) -> Evaluation | Decision:
-        if not view.training_sets:
+        sets = view.training_sets
+        if not sets:
             return _allow("not-applicable", "no container requests nvidia.com/gpu")
-        src = read_sources(view, self.cache)
+        src = read_sources(view, self.cache, sets)
+        products = tuple(p for ps in sets for p in ps.gpu_products)
+        if not products and self.settings.default_gpu_product:
+            products = (self.settings.default_gpu_product,)
+        world = view.world_size
+        key = self._key(src, world, products)
+        if key is None:
+            found = self._judge_config(src, world, products)
+        else:  # a ConfigError raises out of ``remember``: failures are not remembered
+            found = self._judged.remember(key, lambda: self._judge_config(src, world, products))
+        if isinstance(found, Decision):
+            return found
+        return Evaluation(view, src, found.cfg, found.gpu, found.est, key)
+
+    def _judge_config(
+        self, src: Sources, world_size: int, products: tuple[str, ...]
+    ) -> Judged | Decision:
         try:
-            cfg = self._resolve(src, view.world_size)
+            cfg = resolve(src, self.cache, world_size)
         except Incomplete as exc:
             code = (
                 "cache-miss"
@@ -177,9 +207,6 @@ class Evaluator:
             return _allow(
                 code, f"not judged: {exc}", *(f"dssup: not judged: {m}" for m in exc.missing)
             )
-        products = tuple(p for ps in view.training_sets for p in ps.gpu_products)
-        if not products and self.settings.default_gpu_product:
-            products = (self.settings.default_gpu_product,)
         gpu = resolve_gpu(products, self.cache, self.settings.reserve_bytes)
         if gpu is None:
             what = ", ".join(products) or "no nvidia.com/gpu.product node selector"
@@ -188,5 +215,4 @@ class Evaluator:
                 f"GPU memory unknown ({what})",
                 f"dssup: not judged: GPU memory unknown ({what[:60]})",
             )
-        est = self.estimate(cfg, cfg.layout, cfg.training, gpu.usable_bytes)
-        return Evaluation(view, src, cfg, gpu, est)
+        return Judged(cfg, gpu, self.estimate(cfg, cfg.layout, cfg.training, gpu.usable_bytes))

@@ -59,6 +59,11 @@ def _strs(value: Any) -> tuple[str, ...]:
     )
 
 
+def _config_map_ref(value_from: Any) -> tuple[str, str] | None:
+    ref = _map(_map(value_from).get("configMapKeyRef"))
+    return (str(ref.get("name", "")), str(ref.get("key", ""))) if ref else None
+
+
 def _gpus(container: Mapping[str, Any]) -> int:
     res = _map(container.get("resources"))
     limit = _int(_map(res.get("limits")).get(GPU_RESOURCE), -1)
@@ -72,8 +77,8 @@ def _env(items: Any) -> tuple[EnvVar, ...]:
         name = item.get("name")
         if not isinstance(name, str):
             continue
-        ref = _map(_map(item.get("valueFrom")).get("configMapKeyRef"))
-        cm = (str(ref.get("name", "")), str(ref.get("key", ""))) if ref else None
+        value_from = item.get("valueFrom")  # usually absent: a literal value
+        cm = None if value_from is None else _config_map_ref(value_from)
         value = item.get("value")
         out.append(EnvVar(name, str(value) if value is not None else None, cm, i))
     return tuple(out)
@@ -113,8 +118,10 @@ def _cm_volumes(pod: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, str
 
 def _container(c: Mapping[str, Any], path: str) -> ContainerView:
     mounts = tuple(
-        (str(_map(m).get("name", "")), str(_map(m).get("mountPath", "")))
-        for m in _list(c.get("volumeMounts"))
+        [
+            (str(_map(m).get("name", "")), str(_map(m).get("mountPath", "")))
+            for m in _list(c.get("volumeMounts"))
+        ]
     )
     # Positional: a NamedTuple built from keywords costs about 2.5 times as much, and several
     # views are built per review. The order is ContainerView's field order.
@@ -143,13 +150,15 @@ def pod_set(
     """Read one pod template spec found at JSON Pointer ``path``; ``scale`` = (count pointers,
     pods per unit, stated maximum units)."""
     containers = tuple(
-        _container(_map(c), f"{path}/containers/{i}")
-        for i, c in enumerate(_list(pod.get("containers")))
+        [
+            _container(_map(c), f"{path}/containers/{i}")
+            for i, c in enumerate(_list(pod.get("containers")))
+        ]
     )
     return PodSetView(  # positional, in field order (see _container)
         name,
         max(0, count),
-        sum(c.gpus for c in containers),
+        sum([c.gpus for c in containers]),
         _products(pod),
         containers,
         _cm_volumes(pod),

@@ -101,7 +101,17 @@ def carries_written(obj: Mapping[str, Any]) -> bool:
     return isinstance(found, Mapping) and any(k in found for k in WRITTEN)
 
 
-def digest(scope: str, raw: bytes) -> bytes:
-    """16-byte key of ``raw`` for one ``scope``: a webhook mode, or ``"evaluate"`` for the
-    mode-free evaluation (view, config, GPU, estimate) the webhooks share."""
-    return hashlib.blake2b(raw, digest_size=16, person=scope.encode()[:16]).digest()
+RAW_KEY_MAX = 4096
+
+
+def digest(scope: str, raw: bytes) -> tuple[str, bytes] | tuple[str, bytes, int]:
+    """The key of ``raw`` for one ``scope``: a webhook mode, or ``"evaluate"`` for the mode-free
+    evaluation (view, config, GPU, estimate) the webhooks share.
+
+    A content up to ``RAW_KEY_MAX`` bytes (a typical job) is its own key: bytes keep their hash,
+    so the decision and evaluation memos hash one content once, and no two contents can ever
+    share a key. A longer one (a JobSet of many templates) is keyed by its 16-byte BLAKE2b
+    digest and length, so thousands of entries do not hold megabytes of keys."""
+    if len(raw) <= RAW_KEY_MAX:
+        return scope, raw
+    return scope, hashlib.blake2b(raw, digest_size=16).digest(), len(raw)

@@ -65,10 +65,17 @@ class Policy:
         self.explain = explain  # attach the per-stage breakdown (dssup admit); off on the hot path
         self._generation = cache.generation if isinstance(cache, Versioned) else None
         self._memo = LRU(self.settings.judgement_cache_size if self._generation else 0)
+        # What reads only a judged config, by its key: the answer to a fit outside mutate (per
+        # mode) and the estimate annotation mutate writes.
+        self._verdicts = LRU(self.settings.judgement_cache_size if self._generation else 0)
 
     def cache_stats(self) -> dict[str, tuple[int, int, int]]:
-        """(hits, misses, entries) of the decision, evaluation and estimate caches."""
-        return {"decisions": self._memo.stats(), **self.evaluator.cache_stats()}
+        """(hits, misses, entries) of the decision, verdict, evaluation and estimate caches."""
+        return {
+            "decisions": self._memo.stats(),
+            "verdicts": self._verdicts.stats(),
+            **self.evaluator.cache_stats(),
+        }
 
     def _breakdown(
         self, est: Estimate, layout: Layout, training: Training, ev: Evaluation
@@ -142,22 +149,43 @@ class Policy:
             )
         if isinstance(ev, Decision):
             return ev
-        if ev.est.fits:
-            return self._fits(obj, ev, mode)
-        return self._does_not_fit(obj, ev, mode)
+        if not ev.est.fits:
+            return self._does_not_fit(obj, ev, mode)
+        if mode == "mutate":
+            return self._fits_patch(obj, ev)
+        if ev.key is None:
+            return self._fits(ev, mode)
+        # A fresh job of a known config (new name, new run id) gets the answer already built.
+        return self._verdicts.remember((mode, ev.key), lambda: self._fits(ev, mode))
 
-    def _fits(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
-        msg = (
+    def _fits_message(self, ev: Evaluation) -> str:
+        return (
             f"dssup: peak {gib(ev.est.peak_bytes)} GiB/GPU fits {ev.gpu.product} "
             f"({gib(ev.gpu.usable_bytes)} GiB usable)"
         )
+
+    def _fits_patch(self, obj: Mapping[str, Any], ev: Evaluation) -> Decision:
+        """The mutating webhook's answer to a fit: the estimate annotation (read from ``obj``:
+        the patch adds to what it already holds)."""
+        if ev.key is None:
+            note = _estimate_note(ev, True)
+        else:
+            note = self._verdicts.remember(("note", ev.key), lambda: _estimate_note(ev, True))
+        ops = annotation_ops(obj, {ann.ESTIMATE: note})
+        return Decision(
+            allowed=True,
+            code="fits",
+            message=self._fits_message(ev),
+            patch=tuple(ops),
+            audit={"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"},
+            breakdown=self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev),
+        )
+
+    def _fits(self, ev: Evaluation, mode: Mode) -> Decision:
+        """The validating (or warning) answer to a fit: reads only the judged config."""
+        msg = self._fits_message(ev)
         bd = self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev)
         audit = {"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"}
-        if mode == "mutate":
-            ops = annotation_ops(obj, {ann.ESTIMATE: _estimate_note(ev, True)})
-            return Decision(
-                allowed=True, code="fits", message=msg, patch=tuple(ops), audit=audit, breakdown=bd
-            )
         notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
         return Decision(
             allowed=True,

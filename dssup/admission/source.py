@@ -116,6 +116,7 @@ class _Index:
     flags: Mapping[str, tuple[Hit, ...]]
     by_knob: Mapping[str, Found]  # the first Megatron, else HF, statement of each knob
     warnings: tuple[str, ...]
+    deepspeed: Hit | None  # the DeepSpeed config flag, if any
 
 
 @lru_cache(maxsize=1024)
@@ -140,12 +141,11 @@ def _index(launch: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]) -> _Inde
             if first is not None and first.value is not None:
                 by_knob[knob] = Found(first.value, origin, first.flag)
                 break
-    return _Index(flags, by_knob, warnings)
+    return _Index(flags, by_knob, warnings, _first(flags, HF["deepspeed"]))
 
 
-def _deepspeed(src: Sources, cache: ClusterCache) -> Mapping[str, Any] | None:
-    hit = src.flag(HF["deepspeed"])
-    if hit is None or not hit.value or hit.value.startswith("{"):
+def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any] | None:
+    if not hit.value or hit.value.startswith("{"):
         return None
     path = hit.value
     for ps, c in src.containers:
@@ -170,20 +170,28 @@ def _deepspeed(src: Sources, cache: ClusterCache) -> Mapping[str, Any] | None:
     return None
 
 
-def read_sources(view: JobView, cache: ClusterCache) -> Sources:
-    """Collect flags from every GPU container of the job, and its DeepSpeed JSON if mounted."""
-    containers = [(ps, c) for ps in view.training_sets for c in ps.containers if c.gpus > 0]
+def read_sources(
+    view: JobView, cache: ClusterCache, sets: tuple[PodSetView, ...] | None = None
+) -> Sources:
+    """Collect flags from every GPU container of the job, and its DeepSpeed JSON if mounted.
+    ``sets``: the view's ``training_sets`` when the caller has them already."""
+    sets = view.training_sets if sets is None else sets
+    containers = [(ps, c) for ps in sets for c in ps.containers if c.gpus > 0]
     launch = tuple((c.command, c.args) for _, c in containers)
     index = _index(launch)
     src = Sources(
-        view=view,
-        containers=containers,
-        flags=index.flags,
-        _by_knob=index.by_knob,
-        launch=launch,
-    )
-    src.warnings.extend(index.warnings)
-    src.deepspeed = _deepspeed(src, cache)
+        view,
+        containers,
+        index.flags,
+        None,
+        [],
+        list(index.warnings),
+        None,
+        index.by_knob,
+        launch,
+    )  # positional, in field order: a slotted dataclass from keywords costs more per review
+    if index.deepspeed is not None:
+        src.deepspeed = _deepspeed(src, cache, index.deepspeed)
     return src
 
 

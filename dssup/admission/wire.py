@@ -138,8 +138,7 @@ def parse_review(body: bytes | str | Mapping[str, Any]) -> AdmissionRequest:
 
 def encode_patch(ops: Sequence[Mapping[str, Any]]) -> str:
     """RFC 6902 operations as the base64 string ``response.patch`` carries."""
-    raw = json.dumps(list(ops)).encode()
-    return base64.b64encode(raw).decode("ascii")
+    return base64.b64encode(dumps(list(ops))).decode("ascii")
 
 
 def response_document(

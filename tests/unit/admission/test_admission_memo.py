@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dssup.admission import Policy
-from dssup.admission.memo import VOLATILE_META, WRITTEN, content
+from dssup.admission.memo import RAW_KEY_MAX, VOLATILE_META, WRITTEN, content, digest
 from dssup.admission.settings import PolicySettings
 from dssup.obs.metrics import PrometheusMetrics
 
@@ -177,3 +177,56 @@ def test_a_fresh_job_of_a_known_template_reuses_its_resolved_config() -> None:
     assert policy.cache_stats()["configs"][:2] == (1, 2)
     plain = Policy(cluster_cache(), NO_MEMO)
     assert smaller == plain.judge(_with_env(job, "DSSUP_MICRO_BATCH_SIZE", "1"), NS, "validate")
+
+
+def test_a_fresh_job_of_a_known_config_gets_the_answer_already_built() -> None:
+    policy = Policy(cluster_cache())
+    job = load("pytorchjob-dsv3-fits.yaml")
+    answers = [policy.judge(_with_env(job, "RUN_ID", str(i)), NS, "validate") for i in range(3)]
+    assert answers[0].code == "fits" and answers[1:] == answers[:2]
+    assert policy.cache_stats()["verdicts"][:2] == (2, 1)  # built once, then reused
+    patches = [policy.judge(_with_env(job, "RUN_ID", str(i)), NS, "mutate") for i in range(3)]
+    assert policy.cache_stats()["verdicts"][:2] == (4, 2)  # the estimate annotation likewise
+    plain = Policy(cluster_cache(), NO_MEMO)
+    assert patches[2] == plain.judge(_with_env(job, "RUN_ID", "2"), NS, "mutate")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(range(len(_JOBS))),
+    st.sampled_from(["mutate", "validate", "warn"]),
+    st.lists(st.text(min_size=1, max_size=6), min_size=2, max_size=4),
+)
+def test_known_configs_under_new_names_are_answered_like_new_ones(
+    i: int, mode: Any, run_ids: list[str]
+) -> None:
+    """Every fixture kind: a remembering policy answers each fresh copy exactly like a policy
+    that remembers nothing (the judged-config and verdict memos never leak one job into
+    another)."""
+    cache = cluster_cache()
+    plain, remembering = Policy(cache, NO_MEMO), Policy(cache)
+    for n, run_id in enumerate(run_ids):
+        variant = copy.deepcopy(_JOBS[i])
+        variant.setdefault("metadata", {})["name"] = f"job-{n}"
+        for c in _all_containers(variant):
+            c.setdefault("env", []).append({"name": "RUN_ID", "value": run_id})
+        assert remembering.judge(variant, NS, mode) == plain.judge(variant, NS, mode)
+
+
+def _all_containers(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        found = [c for c in node.get("containers", []) if isinstance(c, dict)]
+        return found + [c for k, v in node.items() if k != "containers" for c in _all_containers(v)]
+    if isinstance(node, list):
+        return [c for item in node for c in _all_containers(item)]
+    return []
+
+
+def test_memo_keys_are_exact_for_jobs_and_bounded_for_huge_ones() -> None:
+    small, other = b"[1]" * 10, b"[2]" * 10
+    assert digest("validate", small) == ("validate", small) != digest("validate", other)
+    assert digest("validate", small) != digest("evaluate", small)
+    huge = b"x" * (RAW_KEY_MAX + 1)
+    key = digest("validate", huge)
+    assert len(key) == 3 and len(key[1]) == 16 and key[2] == len(huge)
+    assert key == digest("validate", bytes(huge)) != digest("validate", huge[:-1] + b"y")
