@@ -8,8 +8,9 @@ sends; every tier is reported, from cheapest to the strictest reading of the tar
   under many names): the decision memo answers.
 - validate after mutate: the validating webhook sees the object the mutating one admitted (its
   annotation added): the evaluation memo answers, only the verdict is rebuilt.
-- fresh job: content never seen (a unique env var per job); only the estimate LRU is warm, so
-  parse, normalise, config resolution, verdict and encoding all run. This is G1's strict reading.
+- fresh job: content never seen (a unique env var per job), so the decision and evaluation
+  memos miss: parse, normalise, sources, config key and encoding run; what the config is and
+  the answer to its fit are remembered under the config key. This is G1's strict reading.
 - cold: a new policy per call; the memory model (and for a resize, the planner) runs.
 
 Run: .venv/bin/python bench/admission_inprocess.py

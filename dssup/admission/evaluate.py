@@ -132,21 +132,25 @@ class Evaluator:
         )
 
     def evaluate(
-        self, obj: Mapping[str, Any], namespace: str, raw: bytes | None = None
+        self, obj: Mapping[str, Any], namespace: str, raw: bytes | None = None, *, keep: bool = True
     ) -> Evaluation | Decision:
         """Judge ``obj``; raise ``ConfigError`` for a config that contradicts itself. Results are
         remembered by content (``memo.py``; ``raw`` is that content when the caller has it): the
         validating webhook re-reads what the mutating one read, plus annotations no evaluation
-        reads."""
+        reads. ``keep=False`` looks up without keeping: for a caller whose next look at the same
+        content is answered by its own decision memo (the validating webhook), keeping would only
+        evict something useful."""
         if self._generation is None or self._evaluations.size <= 0:
             return self._evaluate(obj, namespace)
         if raw is None:
             raw = content(obj, namespace, self._generation(), keep_written=False)
             if raw is None:
                 return self._evaluate(obj, namespace)
-        return self._evaluations.remember(
-            digest("evaluate", raw), lambda: self._evaluate(obj, namespace)
-        )
+        key = digest("evaluate", raw)
+        if keep:
+            return self._evaluations.remember(key, lambda: self._evaluate(obj, namespace))
+        found: Evaluation | Decision | None = self._evaluations.get(key)
+        return self._evaluate(obj, namespace) if found is None else found
 
     def _evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
         kind = obj.get("kind")

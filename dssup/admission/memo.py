@@ -10,8 +10,8 @@ content. So ``content`` serialises exactly that, with the cache's *generation* (
 cache whenever something a decision can read changes), and ``digest`` keys it per scope. The
 validating webhook does not read what the mutating one wrote (``dssup.io/estimate``,
 ``resized-from``, ``resized-to``), so those are left out of its content: validate after mutate
-hits. ``Policy`` keeps decisions per webhook mode, and ``Evaluator`` keeps the mode-free
-evaluations, each in a bounded LRU.
+hits. ``Policy`` keeps decisions per webhook mode, and ``Evaluator`` the mode-free evaluations
+the mutating webhook made, each in a bounded LRU.
 
 Correctness rule, tested by a property test: two objects that differ only in what the key
 leaves out always get the same decision from a policy without a memo.

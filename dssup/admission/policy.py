@@ -142,7 +142,8 @@ class Policy:
         self, obj: Mapping[str, Any], namespace: str, mode: Mode, raw: bytes | None
     ) -> Decision:
         try:
-            ev = self.evaluator.evaluate(obj, namespace, raw)
+            # Only the mutating webhook keeps evaluations: the validating one comes after it.
+            ev = self.evaluator.evaluate(obj, namespace, raw, keep=mode == "mutate")
         except ConfigError as exc:
             return self._refuse(
                 mode, "invalid-config", f"dssup: invalid training config: {exc}", None

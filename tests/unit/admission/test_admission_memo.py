@@ -76,6 +76,12 @@ def test_cache_series_are_scraped_from_the_policy() -> None:
     text = metrics.render().decode()
     assert 'dssup_admission_cache_lookups_total{cache="decisions",result="hit"} 2.0' in text
     assert 'dssup_admission_cache_lookups_total{cache="decisions",result="miss"} 1.0' in text
+    # Only the mutating webhook keeps evaluations (the validating one is answered from its own
+    # decision memo next time); the verdict of the fit is kept under the config's key.
+    assert 'dssup_admission_cache_entries{cache="evaluations"} 0.0' in text
+    assert 'dssup_admission_cache_entries{cache="verdicts"} 1.0' in text
+    policy.judge(job, NS, "mutate")
+    text = metrics.render().decode()
     assert 'dssup_admission_cache_entries{cache="evaluations"} 1.0' in text
 
 
