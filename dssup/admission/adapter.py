@@ -23,6 +23,8 @@ __all__ = ["Adapter"]
 
 log = logging.getLogger(__name__)
 
+KEEP_BODY_MAX = 1 << 16  # a parsed request kept for ``tidy`` comes from a body this size at most
+
 
 class Adapter:
     """Turns request bodies into response bodies; records metrics and one log line per denial."""
@@ -59,7 +61,14 @@ class Adapter:
         except Exception:  # never a 5xx: answer a plain allow and log why
             log.exception("answering failed", extra={"uid": req.uid})
             out = dumps(response_document(req.uid, True))
+        if len(body) <= KEEP_BODY_MAX:
+            self.policy.leftovers.keep(req)  # freed by ``tidy``, once the answer is on its way
         return 200, out
+
+    def tidy(self) -> None:
+        """Free what the answers so far left behind (their parsed requests, evicted memo
+        entries). The server calls it once an answer is written; others need not call it."""
+        self.policy.leftovers.release()
 
     def _encode(self, req: AdmissionRequest, decision: Decision, mode: Mode, start: float) -> bytes:
         doc = response_document(

@@ -28,17 +28,42 @@ from dssup.admission.source import Sources, config_key, read_sources
 from dssup.admission.view import JobView
 from dssup.memory import Estimate, Layout, Training, estimate
 
-__all__ = ["LRU", "Evaluation", "Evaluator", "Judged"]
+__all__ = ["LRU", "Evaluation", "Evaluator", "Judged", "Leftovers"]
 
 T = TypeVar("T")
 
 
-class LRU:
-    """A small least-recently-used map (OrderedDict; no locks: one event loop thread)."""
+class Leftovers:
+    """What answering leaves behind (parsed requests, evicted memo entries), freed later.
 
-    def __init__(self, size: int) -> None:
+    Freeing a review's objects (a parsed job, the views and sources of an evicted evaluation)
+    is a sizeable part of a fresh job's cost. The server frees them after the answer is written
+    (``Adapter.tidy``), so that is in no request's latency. Bounded: past ``limit`` items, or
+    for a caller that never tidies (``dssup admit``), things are freed at once as usual."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._items: list[Any] = []
+
+    def keep(self, item: Any) -> None:
+        if len(self._items) < self.limit:
+            self._items.append(item)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def release(self) -> None:
+        self._items.clear()
+
+
+class LRU:
+    """A small least-recently-used map (OrderedDict; no locks: one event loop thread).
+    Evicted entries go to ``leftovers`` when given (freed after the answer is written)."""
+
+    def __init__(self, size: int, leftovers: Leftovers | None = None) -> None:
         self.size = size
         self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._leftovers = leftovers
         self.hits = 0
         self.misses = 0
 
@@ -70,7 +95,9 @@ class LRU:
         self._data[key] = value
         self._data.move_to_end(key)
         while len(self._data) > self.size:
-            self._data.popitem(last=False)
+            evicted = self._data.popitem(last=False)
+            if self._leftovers is not None:
+                self._leftovers.keep(evicted)
 
 
 class Judged(NamedTuple):
@@ -103,13 +130,16 @@ def _allow(code: str, message: str, *warnings: str) -> Decision:
 class Evaluator:
     """Judges objects against a cluster cache; shared by the webhook and ``dssup admit``."""
 
-    def __init__(self, cache: ClusterCache, settings: PolicySettings) -> None:
+    def __init__(
+        self, cache: ClusterCache, settings: PolicySettings, leftovers: Leftovers | None = None
+    ) -> None:
         self.cache = cache
         self.settings = settings
         self._estimates = LRU(settings.estimate_cache_size)
         self._generation = cache.generation if isinstance(cache, Versioned) else None
-        self._evaluations = LRU(settings.judgement_cache_size if self._generation else 0)
-        self._judged = LRU(settings.judgement_cache_size if self._generation else 0)
+        size = settings.judgement_cache_size if self._generation else 0
+        self._evaluations = LRU(size, leftovers)
+        self._judged = LRU(size, leftovers)
 
     def cache_stats(self) -> dict[str, tuple[int, int, int]]:
         """(hits, misses, entries) of the evaluation and estimate caches."""

@@ -21,7 +21,7 @@ import orjson
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
-from dssup.admission.evaluate import LRU, Evaluation, Evaluator
+from dssup.admission.evaluate import LRU, Evaluation, Evaluator, Leftovers
 from dssup.admission.memo import Versioned, carries_written, content, digest
 from dssup.admission.messages import breakdown, describe, gib, peak_terms
 from dssup.admission.patch import annotation_ops
@@ -61,13 +61,15 @@ class Policy:
         self, cache: ClusterCache, settings: PolicySettings | None = None, *, explain: bool = False
     ) -> None:
         self.settings = settings or PolicySettings()
-        self.evaluator = Evaluator(cache, self.settings)
+        self.leftovers = Leftovers()  # what answers leave behind; ``Adapter.tidy`` frees it
+        self.evaluator = Evaluator(cache, self.settings, self.leftovers)
         self.explain = explain  # attach the per-stage breakdown (dssup admit); off on the hot path
         self._generation = cache.generation if isinstance(cache, Versioned) else None
-        self._memo = LRU(self.settings.judgement_cache_size if self._generation else 0)
+        size = self.settings.judgement_cache_size if self._generation else 0
+        self._memo = LRU(size, self.leftovers)
         # What reads only a judged config, by its key: the answer to a fit outside mutate (per
         # mode) and the estimate annotation mutate writes.
-        self._verdicts = LRU(self.settings.judgement_cache_size if self._generation else 0)
+        self._verdicts = LRU(size, self.leftovers)
 
     def cache_stats(self) -> dict[str, tuple[int, int, int]]:
         """(hits, misses, entries) of the decision, verdict, evaluation and estimate caches."""

@@ -10,6 +10,7 @@ import base64
 import json
 import socket
 import ssl
+import time
 import urllib.request
 
 import pytest
@@ -304,3 +305,30 @@ def test_pipelined_requests_are_answered_in_order_each_in_one_piece(server):
             data += chunk
     first, second = data.index(b'"uid":"pipe-1"'), data.index(b'"uid":"pipe-2"')
     assert first < second and data.count(b"HTTP/1.1 200") == 2
+
+
+def test_what_a_review_leaves_behind_is_freed_after_the_answer(tmp_path):
+    """The server tidies once each answer is written: the parsed requests and evicted memo
+    entries an answer leaves behind (dssup/admission/evaluate.py ``Leftovers``) do not pile up."""
+    ca = make_ca()
+    crt, key = make_leaf(ca, tmp_path)
+    cache = cluster_cache()
+    adapter = Adapter(Policy(cache))
+    opts = ServeOptions(cert_file=str(crt), key_file=str(key))
+    bg = start_background(opts, adapter, cache, PrometheusMetrics())
+    client = ApiserverClient(bg.port, ca.pem())
+    try:
+        job = load("pytorchjob-dsv3-fits.yaml")
+        for run in range(5):
+            job["metadata"]["name"] = f"dsv3-{run}"
+            job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
+                "env"
+            ] = [{"name": "RUN_ID", "value": str(run)}]
+            assert client.admit(job).allowed
+        deadline = time.monotonic() + 5
+        while len(adapter.policy.leftovers) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(adapter.policy.leftovers) == 0
+    finally:
+        client.close()
+        bg.stop()
