@@ -22,7 +22,7 @@ from dssup.admission.config import Incomplete, JobConfig, resolve
 from dssup.admission.decision import Decision
 from dssup.admission.gpus import GpuMemory, resolve_gpu
 from dssup.admission.kinds import SUPPORTED, is_controlled, normalise
-from dssup.admission.memo import Versioned, content, digest
+from dssup.admission.memo import Versioned, content, memo_key
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import Sources, config_key, read_sources
 from dssup.admission.view import JobView
@@ -142,7 +142,7 @@ class Evaluator:
         self._judged = LRU(size, leftovers)
 
     def cache_stats(self) -> dict[str, tuple[int, int, int]]:
-        """(hits, misses, entries) of the evaluation and estimate caches."""
+        """(hits, misses, entries) of the evaluation, judged-config and estimate caches."""
         return {
             "evaluations": self._evaluations.stats(),
             "configs": self._judged.stats(),
@@ -176,7 +176,7 @@ class Evaluator:
             raw = content(obj, namespace, self._generation(), keep_written=False)
             if raw is None:
                 return self._evaluate(obj, namespace)
-        key = digest("evaluate", raw)
+        key = memo_key("evaluate", raw)
         if keep:
             return self._evaluations.remember(key, lambda: self._evaluate(obj, namespace))
         found: Evaluation | Decision | None = self._evaluations.get(key)

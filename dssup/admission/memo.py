@@ -7,7 +7,7 @@ many names. A decision depends only on the object's content (minus the fields th
 the user change freely: name, uid, resourceVersion, timestamps, managedFields, status, and
 annotations outside ``dssup.io/``), the namespace, the webhook mode and the cluster cache's
 content. So ``content`` serialises exactly that, with the cache's *generation* (bumped by the
-cache whenever something a decision can read changes), and ``digest`` keys it per scope. The
+cache whenever something a decision can read changes), and ``memo_key`` keys it per scope. The
 validating webhook does not read what the mutating one wrote (``dssup.io/estimate``,
 ``resized-from``, ``resized-to``), so those are left out of its content: validate after mutate
 hits. ``Policy`` keeps decisions per webhook mode, and ``Evaluator`` the mode-free evaluations
@@ -33,7 +33,7 @@ __all__ = [
     "Versioned",
     "carries_written",
     "content",
-    "digest",
+    "memo_key",
 ]
 
 VOLATILE_META = frozenset(
@@ -104,7 +104,7 @@ def carries_written(obj: Mapping[str, Any]) -> bool:
 RAW_KEY_MAX = 4096
 
 
-def digest(scope: str, raw: bytes) -> tuple[str, bytes] | tuple[str, bytes, int]:
+def memo_key(scope: str, raw: bytes) -> tuple[str, bytes] | tuple[str, bytes, int]:
     """The key of ``raw`` for one ``scope``: a webhook mode, or ``"evaluate"`` for the mode-free
     evaluation (view, config, GPU, estimate) the webhooks share.
 

@@ -22,7 +22,7 @@ from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator, Leftovers
-from dssup.admission.memo import Versioned, carries_written, content, digest
+from dssup.admission.memo import Versioned, carries_written, content, memo_key
 from dssup.admission.messages import breakdown, describe, gib, peak_terms
 from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
@@ -134,7 +134,7 @@ class Policy:
         # On a miss the evaluation shares ``raw``, unless the mutating webhook meets annotations
         # dssup wrote (the evaluation's content leaves them out).
         return self._memo.remember(
-            digest(mode, raw),
+            memo_key(mode, raw),
             lambda: self._judge(
                 obj, namespace, mode, None if mode == "mutate" and carries_written(obj) else raw
             ),

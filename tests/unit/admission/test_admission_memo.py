@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dssup.admission import Policy
-from dssup.admission.memo import RAW_KEY_MAX, VOLATILE_META, WRITTEN, content, digest
+from dssup.admission.memo import RAW_KEY_MAX, VOLATILE_META, WRITTEN, content, memo_key
 from dssup.admission.settings import PolicySettings
 from dssup.obs.metrics import PrometheusMetrics
 
@@ -230,9 +230,9 @@ def _all_containers(node: Any) -> list[dict[str, Any]]:
 
 def test_memo_keys_are_exact_for_jobs_and_bounded_for_huge_ones() -> None:
     small, other = b"[1]" * 10, b"[2]" * 10
-    assert digest("validate", small) == ("validate", small) != digest("validate", other)
-    assert digest("validate", small) != digest("evaluate", small)
+    assert memo_key("validate", small) == ("validate", small) != memo_key("validate", other)
+    assert memo_key("validate", small) != memo_key("evaluate", small)
     huge = b"x" * (RAW_KEY_MAX + 1)
-    key = digest("validate", huge)
+    key = memo_key("validate", huge)
     assert len(key) == 3 and len(key[1]) == 16 and key[2] == len(huge)
-    assert key == digest("validate", bytes(huge)) != digest("validate", huge[:-1] + b"y")
+    assert key == memo_key("validate", bytes(huge)) != memo_key("validate", huge[:-1] + b"y")
