@@ -13,6 +13,8 @@ sends; every tier is reported, from cheapest to the strictest reading of the tar
   the answer to its fit are remembered under the config key. This is G1's strict reading.
 - cold: a new policy per call; the memory model (and for a resize, the planner) runs.
 
+Each tier's line ends with the speed reference taken right after it (``speed_reference``: this
+shared VM's speed drifts up to 2x within minutes, and every figure moves with it).
 Run: .venv/bin/python bench/admission_inprocess.py
 """
 
@@ -53,7 +55,7 @@ def _report(label: str, xs: list[float]) -> float:
     print(
         f"{label:<46} n={len(us):>6}  p50 {_pct(us, 0.5):7.1f} us  p99 {p99:7.1f} us  "
         f"p99.9 {_pct(us, 0.999):7.1f} us  max {max(us):8.1f} us  mean {statistics.fmean(us):7.1f} us"
-        f"  cpu/call {CPU.get('last', 0.0) * 1e6:6.1f} us"
+        f"  cpu/call {CPU.get('last', 0.0) * 1e6:6.1f} us  speed ref {speed_reference(3):5.0f} us"
     )
     return p99
 
@@ -183,11 +185,16 @@ def main() -> None:
     )
     for tier, p99 in results.items():
         print(f"G1 p99 <= 200 us, {tier:<13}: {'MET' if p99 <= 200 else 'MISSED'} ({p99:.1f} us)")
+    after = speed_reference()
     print(
         f"speed reference (fixed Python loop, lower is faster): {before:.0f} us before, "
-        f"{speed_reference():.0f} us after; load average {os.getloadavg()[0]:.1f} on "
-        f"{os.cpu_count()} CPUs"
+        f"{after:.0f} us after; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
+    if max(before, after) > 1.25 * min(before, after):
+        print(
+            f"the machine's speed changed {max(before, after) / min(before, after):.1f}x during "
+            "this run: tiers ran at different speeds; rerun for figures taken at one speed"
+        )
 
 
 if __name__ == "__main__":

@@ -335,8 +335,17 @@ def main() -> None:
             met[f"G3 {mix} (>= 1000 req/s, p99 <= 25 ms, 0 errors)"] = (
                 sat["rps"] >= 1000 and sat["p99"] <= 25 and sat["errors"] == 0
             )
+        floors = {
+            "asyncio client": max(r["p50"] for r in floor.values()),
+            "curl client": max(
+                (r["p50"] for (label, _), r in native_rows.items() if label == "floor"),
+                default=float("nan"),
+            ),
+        }
         for label, ok in met.items():
-            print(f"{label}: {'MET' if ok else 'MISSED'}")
+            client = next((c for c in floors if label.endswith(c)), None)
+            context = f" (this client's floor: p50 up to {floors[client]:.2f} ms)" if client else ""
+            print(f"{label}: {'MET' if ok else 'MISSED'}{context}")
         print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     finally:
         proc.terminate()
