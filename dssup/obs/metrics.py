@@ -7,6 +7,8 @@ create as many as they like) and can render the text format or write a textfile 
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -48,18 +50,8 @@ class PrometheusMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
-        self._requests = Counter(
-            "dssup_admission_requests",
-            "Admission reviews answered.",
-            ["kind", "decision", "code"],
-            registry=self.registry,
-        )
-        self._duration = Histogram(
-            "dssup_admission_request_duration_seconds",
-            "Time to decide one review.",
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0),
-            registry=self.registry,
-        )
+        self._admission = _AdmissionTally(ADMISSION_BUCKETS)
+        self.registry.register(self._admission)
         self._attempts = Counter(
             "dssup_supervisor_attempts",
             "Attempts ended, by failure kind.",
@@ -79,8 +71,7 @@ class PrometheusMetrics:
         )
 
     def admission_request(self, kind: str, decision: str, code: str, seconds: float) -> None:
-        self._requests.labels(kind, decision, code).inc()
-        self._duration.observe(seconds)
+        self._admission.add(kind, decision, code, seconds)
 
     def supervisor_attempt(self, failure_kind: str) -> None:
         self._attempts.labels(failure_kind).inc()
@@ -109,6 +100,55 @@ class PrometheusMetrics:
         with os.fdopen(fd, "wb") as fh:
             fh.write(self.render())
         os.replace(tmp, path)
+
+
+ADMISSION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+
+
+class _AdmissionTally:
+    """``dssup_admission_requests_total{kind,decision,code}`` and the histogram
+    ``dssup_admission_request_duration_seconds``, kept as plain numbers on the request path and
+    turned into metric families at scrape time. prometheus_client's labelled Counter and
+    Histogram take a lock and about 4.5 µs per review on this project's CI machine, a fifth of a
+    remembered decision. Not thread-safe: the webhook answers and is scraped on one event loop.
+    """
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds  # upper bounds; +Inf is implied
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.buckets = [0] * (len(bounds) + 1)
+        self.total_seconds = 0.0
+
+    def add(self, kind: str, decision: str, code: str, seconds: float) -> None:
+        key = (kind, decision, code)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1  # le: value <= bound
+        self.total_seconds += seconds
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked: the families are built at collect time
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        requests = CounterMetricFamily(
+            "dssup_admission_requests",
+            "Admission reviews answered.",
+            labels=["kind", "decision", "code"],
+        )
+        for key, n in sorted(self.counts.items()):
+            requests.add_metric(list(key), n)
+        yield requests
+        running, buckets = 0, []
+        for bound, n in zip((*self.bounds, math.inf), self.buckets, strict=True):
+            running += n
+            buckets.append(("+Inf" if math.isinf(bound) else repr(bound), running))
+        yield HistogramMetricFamily(
+            "dssup_admission_request_duration_seconds",
+            "Time to decide one review.",
+            buckets=buckets,
+            sum_value=self.total_seconds,
+        )
 
 
 class _CacheCollector:
