@@ -41,6 +41,10 @@ def _list(value: Any) -> list[Any]:
 
 
 def _int(value: Any, default: int) -> int:
+    if value is None:  # the common case for optional counts
+        return default
+    if type(value) is int:  # a JSON integer (not a bool: type, not isinstance)
+        return value
     if isinstance(value, bool):
         return default
     if isinstance(value, int):
@@ -117,11 +121,16 @@ def _cm_volumes(pod: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, str
 
 
 def _container(c: Mapping[str, Any], path: str) -> ContainerView:
-    mounts = tuple(
-        [
-            (str(_map(m).get("name", "")), str(_map(m).get("mountPath", "")))
-            for m in _list(c.get("volumeMounts"))
-        ]
+    raw_mounts = c.get("volumeMounts")
+    mounts = (
+        tuple(
+            [
+                (str(_map(m).get("name", "")), str(_map(m).get("mountPath", "")))
+                for m in _list(raw_mounts)
+            ]
+        )
+        if raw_mounts
+        else ()
     )
     # Positional: a NamedTuple built from keywords costs about 2.5 times as much, and several
     # views are built per review. The order is ContainerView's field order.
@@ -169,10 +178,11 @@ def pod_set(
 def _pytorchjob(
     obj: Mapping[str, Any], ns: str, cache: ClusterCache, notes: list[str]
 ) -> list[PodSetView]:
-    specs = _map(_map(obj.get("spec")).get("pytorchReplicaSpecs"))
+    spec = _map(obj.get("spec"))
+    specs = _map(spec.get("pytorchReplicaSpecs"))
     if not specs:
         notes.append("spec.pytorchReplicaSpecs is missing")
-    elastic = _int(_map(_map(obj.get("spec")).get("elasticPolicy")).get("maxReplicas"), 0)
+    elastic = _int(_map(spec.get("elasticPolicy")).get("maxReplicas"), 0)
     out = []
     for rtype, raw in specs.items():
         rspec = _map(raw)
