@@ -105,7 +105,14 @@ class PrometheusMetrics:
 ADMISSION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 
 
-class _AdmissionTally:
+class _ScrapeTime:
+    """A prometheus_client collector whose metric families are built when scraped."""
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked: the families are built at collect time
+
+
+class _AdmissionTally(_ScrapeTime):
     """``dssup_admission_requests_total{kind,decision,code}`` and the histogram
     ``dssup_admission_request_duration_seconds``, kept as plain numbers on the request path and
     turned into metric families at scrape time. prometheus_client's labelled Counter and
@@ -124,9 +131,6 @@ class _AdmissionTally:
         self.counts[key] = self.counts.get(key, 0) + 1
         self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1  # le: value <= bound
         self.total_seconds += seconds
-
-    def describe(self) -> list[Any]:
-        return []  # unchecked: the families are built at collect time
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -151,14 +155,11 @@ class _AdmissionTally:
         )
 
 
-class _CacheCollector:
+class _CacheCollector(_ScrapeTime):
     """A prometheus_client collector over a stats callable."""
 
     def __init__(self, stats: Callable[[], CacheStats]) -> None:
         self.stats = stats
-
-    def describe(self) -> list[Any]:
-        return []  # unchecked: the families are built at collect time
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
