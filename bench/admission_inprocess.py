@@ -117,8 +117,8 @@ def _admitted(adapter: Adapter, body: bytes) -> bytes:
 
 def speed_reference(rounds: int = 7) -> float:
     """Microseconds for a fixed pure-Python workload (dicts, tuples, strings, like a review),
-    best of ``rounds``. This VM's speed drifts by up to 2x within minutes; printed before and
-    after the tiers, it says which speed the figures were taken at."""
+    best of ``rounds``. This VM's speed drifts by up to 2x within minutes; printed after every
+    tier and before and after them all, it says which speed the figures were taken at."""
     best = float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()

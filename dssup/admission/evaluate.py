@@ -76,9 +76,11 @@ class LRU:
             self.misses += 1
         return value
 
-    def remember(self, key: Hashable, make: Callable[[], T]) -> T:
+    def remember(self, key: Hashable | None, make: Callable[[], T]) -> T:
         """The value kept for ``key``, else ``make()``, kept. Nothing is kept when ``make``
-        raises (failures are not remembered)."""
+        raises (failures are not remembered), or for the key None (nothing to key it by)."""
+        if key is None:
+            return make()
         found: T | None = self.get(key)
         if found is None:
             found = make()
@@ -219,10 +221,8 @@ class Evaluator:
             products = (self.settings.default_gpu_product,)
         world = view.world_size
         key = self._key(src, world, products)
-        if key is None:
-            found = self._judge_config(src, world, products)
-        else:  # a ConfigError raises out of ``remember``: failures are not remembered
-            found = self._judged.remember(key, lambda: self._judge_config(src, world, products))
+        # A ConfigError raises out of ``remember``: failures are not remembered.
+        found = self._judged.remember(key, lambda: self._judge_config(src, world, products))
         if isinstance(found, Decision):
             return found
         return Evaluation(view, src, found.cfg, found.gpu, found.est, key)

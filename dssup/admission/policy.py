@@ -13,8 +13,8 @@ can still update (finalizers, labels) a job admitted before enforcement was swit
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar
 
 import orjson
 
@@ -34,6 +34,7 @@ from dssup.memory import Estimate, Layout, Training
 __all__ = ["Mode", "Policy"]
 
 Mode = Literal["mutate", "validate", "warn"]
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +46,13 @@ def _estimate_note(ev: Evaluation, fits: bool) -> str:
         "usableGiB": gib(ev.gpu.usable_bytes),
     }
     return orjson.dumps(note, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _fits_message(ev: Evaluation) -> str:
+    return (
+        f"dssup: peak {gib(ev.est.peak_bytes)} GiB/GPU fits {ev.gpu.product} "
+        f"({gib(ev.gpu.usable_bytes)} GiB usable)"
+    )
 
 
 def _capacity(ev: Evaluation) -> str:
@@ -156,47 +164,39 @@ class Policy:
             return self._does_not_fit(obj, ev, mode)
         if mode == "mutate":
             return self._fits_patch(obj, ev)
-        if ev.key is None:
-            return self._fits(ev, mode)
         # A fresh job of a known config (new name, new run id) gets the answer already built.
-        return self._verdicts.remember((mode, ev.key), lambda: self._fits(ev, mode))
+        return self._per_config(ev, mode, lambda: self._fits(ev, mode))
 
-    def _fits_message(self, ev: Evaluation) -> str:
-        return (
-            f"dssup: peak {gib(ev.est.peak_bytes)} GiB/GPU fits {ev.gpu.product} "
-            f"({gib(ev.gpu.usable_bytes)} GiB usable)"
-        )
+    def _per_config(self, ev: Evaluation, what: str, make: Callable[[], T]) -> T:
+        """``make()``, remembered as ``what`` under the evaluation's config key when it has one:
+        for what reads only the judged config (a fit's answer per mode, the estimate note)."""
+        if ev.key is None:
+            return make()
+        return self._verdicts.remember((what, ev.key), make)
 
     def _fits_patch(self, obj: Mapping[str, Any], ev: Evaluation) -> Decision:
         """The mutating webhook's answer to a fit: the estimate annotation (read from ``obj``:
         the patch adds to what it already holds)."""
-        if ev.key is None:
-            note = _estimate_note(ev, True)
-        else:
-            note = self._verdicts.remember(("note", ev.key), lambda: _estimate_note(ev, True))
+        note = self._per_config(ev, "note", lambda: _estimate_note(ev, True))
         ops = annotation_ops(obj, {ann.ESTIMATE: note})
-        return Decision(
-            allowed=True,
-            code="fits",
-            message=self._fits_message(ev),
-            patch=tuple(ops),
-            audit={"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"},
-            breakdown=self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev),
-        )
+        return self._fit(ev, _fits_message(ev), patch=tuple(ops))
 
     def _fits(self, ev: Evaluation, mode: Mode) -> Decision:
         """The validating (or warning) answer to a fit: reads only the judged config."""
-        msg = self._fits_message(ev)
-        bd = self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev)
-        audit = {"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"}
+        msg = _fits_message(ev)
         notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
+        return self._fit(ev, msg, warnings=(*notes, msg[:120]))
+
+    def _fit(self, ev: Evaluation, message: str, **answer: Any) -> Decision:
+        """What every answer to a fit holds (message, audit, breakdown), plus ``answer``: the
+        mutating webhook's patch or the warnings of the others."""
         return Decision(
             allowed=True,
             code="fits",
-            message=msg,
-            warnings=(*notes, msg[:120]),
-            audit=audit,
-            breakdown=bd,
+            message=message,
+            audit={"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"},
+            breakdown=self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev),
+            **answer,
         )
 
     def _does_not_fit(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:

@@ -116,8 +116,8 @@ class _AdmissionTally(_ScrapeTime):
     """``dssup_admission_requests_total{kind,decision,code}`` and the histogram
     ``dssup_admission_request_duration_seconds``, kept as plain numbers on the request path and
     turned into metric families at scrape time. prometheus_client's labelled Counter and
-    Histogram take a lock and about 4.5 µs per review on this project's CI machine, a fifth of a
-    remembered decision. Not thread-safe: the webhook answers and is scraped on one event loop.
+    Histogram take a lock and about 4.5 µs per review on the 2-core development VM, a fifth
+    of a remembered decision. Not thread-safe: the webhook answers and is scraped on one event loop.
     """
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
