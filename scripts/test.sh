@@ -3,7 +3,7 @@
 # Extra arguments go to pytest (e.g. scripts/test.sh -m "not slow" -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DSSUP_EXTRAS="${DSSUP_EXTRAS:-dev,train,deepspeed}" bash scripts/setup.sh
+DSSUP_EXTRAS="${DSSUP_EXTRAS:-dev,train,deepspeed,calibrate,hf}" bash scripts/setup.sh
 # etcd (Debian etcd-server) backs the etcd-v2 rendezvous tests; install it when we can.
 if ! command -v etcd >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "dssup test: installing etcd-server (Debian) for the elastic rendezvous tests"
