@@ -11,6 +11,7 @@ Failures that are part of normal operation (a job that OOMs, a denied admission)
     ├── LaunchError            the child command could not be started (CLI exit 126/127)
     ├── RetriesExhausted       the supervisor gave up; carries the last failure
     ├── JournalError           a run journal that cannot be read or continued
+    ├── InProcessGaveUpError   the step guard could not recover in-process (on_give_up="raise")
     └── MalformedReview        an AdmissionReview that cannot be parsed (HTTP 400)
 
 This module imports only the standard library so that every layer, the pure memory model
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigError",
     "DssupError",
     "EstimateError",
+    "InProcessGaveUpError",
     "JournalError",
     "LaunchError",
     "MalformedReview",
@@ -87,3 +89,12 @@ class JournalError(DssupError):
 
 class MalformedReview(DssupError):
     """An AdmissionReview request that is not valid JSON or lacks required fields."""
+
+
+class InProcessGaveUpError(DssupError):
+    """``dssup.runtime.StepGuard`` could not recover in-process; ``reason`` is the kebab-case
+    code of the ``inprocess-gave-up`` record (``record``) it wrote to the job-side report."""
+
+    def __init__(self, reason: str, detail: str, record: object = None) -> None:
+        self.reason, self.detail, self.record = reason, detail, record
+        super().__init__(f"in-process recovery gave up ({reason}): {detail}")

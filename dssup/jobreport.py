@@ -19,7 +19,12 @@ supervisor (``dssup.supervisor.report``) reads them.
   ``local_rank`` and ``source``. Types: ``started`` (micro-batch, accumulation, world and
   data-parallel size, global batch, first step), ``checkpoint`` (a checkpoint the job saved),
   ``batch-changed`` (the job changed its micro-batch split in-process, global batch kept),
-  ``completed`` (training finished on this rank).
+  ``completed`` (training finished on this rank); and, from ``dssup.runtime``'s step guard
+  (in-process OOM recovery), ``inprocess-guard`` (the guard is armed: how it synchronises and
+  how long it waits for a verdict), ``inprocess-remedy`` (every rank agreed on a finer split of
+  the same global batch after an OOM: old and new split, the step, which ranks OOMed and where)
+  and ``inprocess-gave-up`` (in-process recovery could not proceed, why, and the exit status
+  the guard leaves with so that the supervisor takes over).
 
 Adding a record type (e.g. an in-process remedy) is one subclass of ``ReportRecord`` with a
 ``Literal`` ``type`` and a ``describe()``, decorated with ``@record_type``: ``parse_record`` and
@@ -46,6 +51,9 @@ __all__ = [
     "BatchChanged",
     "CheckpointSaved",
     "Completed",
+    "InProcessGaveUp",
+    "InProcessGuard",
+    "InProcessRemedy",
     "ReportFile",
     "ReportRecord",
     "Started",
@@ -178,6 +186,86 @@ class Completed(ReportRecord):
     def describe(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""
         return f"rank {self.rank} completed training{at}"
+
+
+@record_type
+class InProcessGuard(ReportRecord):
+    """This rank runs its optimizer steps under ``dssup.runtime.StepGuard``: an OOM in a
+    micro-batch is recovered in-process where it can be, and otherwise ends the worker with
+    ``exit_code`` and an ``inprocess-gave-up`` record."""
+
+    type: Literal["inprocess-guard"] = "inprocess-guard"
+    sync: str = Field(description="how gradients are synchronised: deferred, last or local")
+    min_micro_batch: int = Field(1, ge=1, description="finest split the guard moves to")
+    verdict_floor_s: float = Field(ge=0, description="least time a rank waits for a verdict, s")
+    exit_code: int = Field(description="exit status of a worker whose guard gave up")
+
+    def describe(self) -> str:
+        return (
+            f"rank {self.rank} runs with in-process OOM recovery ({self.sync} gradient sync, "
+            f"micro-batch down to {self.min_micro_batch})"
+        )
+
+
+@record_type
+class InProcessRemedy(ReportRecord):
+    """Every rank agreed, after an OOM, to redo the same global batch with a finer split. The
+    new split is ``micro_batch`` x ``grad_accum`` (so the global-batch check covers it)."""
+
+    type: Literal["inprocess-remedy"] = "inprocess-remedy"
+    step: int = Field(ge=0, description="optimizer steps done before the redone one")
+    old_micro_batch: int = Field(ge=1, description="sequences per micro-batch per rank before")
+    old_grad_accum: int = Field(ge=1, description="micro-batches per optimizer step before")
+    micro_batch: int = Field(ge=1, description="sequences per micro-batch per rank from now on")
+    grad_accum: int = Field(ge=1, description="micro-batches per optimizer step from now on")
+    dp: int = Field(ge=1, description="data-parallel ranks")
+    global_batch: int = Field(ge=1, description="sequences per optimizer step (unchanged)")
+    oom_ranks: tuple[int, ...] = Field(description="ranks that ran out of memory")
+    oom_phases: tuple[str, ...] = Field(description="forward or backward, one per OOM rank")
+    error: str = Field("", description="this rank's own OOM message; empty if it did not OOM")
+    lost_s: float = Field(0.0, ge=0, description="seconds from the step's start to the verdict")
+
+    @property
+    def consistent(self) -> bool:
+        return self.micro_batch * self.grad_accum * self.dp == self.global_batch
+
+    def describe(self) -> str:
+        where = ", ".join(
+            f"rank {r} in {p}" for r, p in zip(self.oom_ranks, self.oom_phases, strict=True)
+        )
+        return (
+            f"rank {self.rank} redid step {self.step} in-process after an OOM ({where}): "
+            f"micro-batch {self.old_micro_batch} -> {self.micro_batch}, accumulation "
+            f"{self.old_grad_accum} -> {self.grad_accum}, global batch {self.global_batch}"
+        )
+
+
+@record_type
+class InProcessGaveUp(ReportRecord):
+    """In-process recovery could not proceed; the worker exits with ``exit_code`` and the
+    supervisor's restart path takes over from the split in ``micro_batch`` x ``grad_accum``."""
+
+    type: Literal["inprocess-gave-up"] = "inprocess-gave-up"
+    step: int = Field(ge=0, description="optimizer steps done before the failed one")
+    reason: str = Field(
+        description="kebab-case: micro-batch-floor, oom-in-synchronised-micro-batch, "
+        "oom-in-gradient-sync, oom-in-optimizer-step, peer-lost, verdict-timeout, peer-error"
+    )
+    detail: str = Field("", description="the reason in one sentence")
+    phase: str = Field("", description="where this rank failed: forward, backward, sync, ...")
+    micro_batch: int = Field(ge=1, description="sequences per micro-batch per rank at the end")
+    grad_accum: int = Field(ge=1, description="micro-batches per optimizer step at the end")
+    dp: int = Field(ge=1, description="data-parallel ranks")
+    global_batch: int = Field(ge=1, description="sequences per optimizer step")
+    oom_ranks: tuple[int, ...] = Field((), description="ranks that reported an OOM, if known")
+    error: str = Field("", description="this rank's own error message, if it had one")
+    exit_code: int = Field(description="the status this worker exits with")
+
+    def describe(self) -> str:
+        return (
+            f"rank {self.rank} gave up in-process recovery at step {self.step} "
+            f"({self.reason}: {self.detail}); exit {self.exit_code}, the supervisor takes over"
+        )
 
 
 class UnknownRecord(ReportRecord):

@@ -8,8 +8,13 @@ OOM), saves and restores torch DCP checkpoints exactly (optimizer moments includ
 worker cleanly so that torchrun does not report a teardown abort as a failure, and reports
 what the job really trains with (``report_started`` ..., or ``dssup.runtime.hf.DssupCallback``
 for Hugging Face ``Trainer``), so the supervisor verifies the global batch instead of assuming it.
+``StepGuard`` recovers an OOM inside the process: every rank agrees on a finer micro-batch
+split of the same global batch and the step is redone, no restart; what it cannot recover it
+hands to the supervisor (exit status ``GAVE_UP_EXIT``).
 """
 
+from dssup.runtime.backstop import GAVE_UP_EXIT
+from dssup.runtime.guard import StepGuard, StepResult
 from dssup.runtime.plan import RuntimePlan, read_plan
 from dssup.runtime.process import clean_exit, mark_done, memory_cap
 from dssup.runtime.report import (
@@ -20,7 +25,10 @@ from dssup.runtime.report import (
 )
 
 __all__ = [
+    "GAVE_UP_EXIT",
     "RuntimePlan",
+    "StepGuard",
+    "StepResult",
     "clean_exit",
     "mark_done",
     "memory_cap",

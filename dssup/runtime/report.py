@@ -32,6 +32,7 @@ __all__ = [
     "report_completed",
     "report_record",
     "report_started",
+    "who",
 ]
 
 
@@ -44,7 +45,9 @@ def _int(env: Mapping[str, str], key: str) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-def _who(env: Mapping[str, str]) -> dict[str, int | None]:
+def who(env: Mapping[str, str] | None = None) -> dict[str, int | None]:
+    """The writer fields of a record (attempt, rank, local rank) from the environment."""
+    env = _env(env)
     return {
         "attempt": _int(env, "DSSUP_ATTEMPT"),
         "rank": _int(env, "RANK") or 0,
@@ -82,7 +85,7 @@ def report_started(
     world = world_size or _int(e, "WORLD_SIZE") or 1
     data_parallel = dp or world
     record = Started(
-        **_who(e),
+        **who(e),
         source=source,
         world_size=world,
         dp=data_parallel,
@@ -107,7 +110,7 @@ def report_checkpoint(
 ) -> bool:
     """Record that the step-``step`` checkpoint is completely written (call it after the save)."""
     e = _env(env)
-    record = CheckpointSaved(**_who(e), source=source, step=step, path=os.fspath(path))
+    record = CheckpointSaved(**who(e), source=source, step=step, path=os.fspath(path))
     return report_record(record, e)
 
 
@@ -125,7 +128,7 @@ def report_batch_changed(
     """Record an in-process change of the micro-batch split (the global batch must not move)."""
     e = _env(env)
     record = BatchChanged(
-        **_who(e),
+        **who(e),
         source=source,
         step=step,
         dp=dp,
@@ -145,4 +148,4 @@ def report_completed(
 ) -> bool:
     """Record that training finished on this rank: a failure after it is only teardown."""
     e = _env(env)
-    return report_record(Completed(**_who(e), source=source, step=step), e)
+    return report_record(Completed(**who(e), source=source, step=step), e)
