@@ -9,7 +9,8 @@ meet only after every rank has said it succeeded:
 
 * ``deferred`` (DDP, or a plain module in a data-parallel job): every micro-batch runs under
   ``no_sync()``; after the verdict the guard all-reduces the accumulated gradients itself
-  (buckets of 25 MiB, at most two in flight, averaged over the group, as DDP does). Every OOM
+  (through one 25 MiB buffer per dtype, allocated when the guard is built and kept, as DDP
+  keeps its buckets; averaged over the group, as DDP does). Every OOM
   in forward or backward is recoverable; the cost is that gradient communication no longer
   overlaps the last backward.
 * ``last`` (DDP on request, FSDP2 always): all micro-batches but the last run without
@@ -69,6 +70,7 @@ class DeferredSync(GradSync):
     name = "deferred"
 
     def __init__(self, model: Any, group: Any) -> None:
+        import torch
         import torch.distributed as dist
 
         self.model, self.group = model, group
@@ -76,6 +78,15 @@ class DeferredSync(GradSync):
         self.no_sync = getattr(model, "no_sync", None)
         will_sync = getattr(model, "will_sync_module_buffers", None)
         self.forward_collectives = bool(will_sync and will_sync())
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        # One communication buffer per dtype and device, allocated now and kept, as DDP keeps
+        # its buckets: the gradient sync after an OOM never has to allocate.
+        self.buffers: dict[tuple[Any, Any], Any] = {}
+        for kind in {_kind(p) for p in self.params}:
+            numels = [p.numel() for p in self.params if _kind(p) == kind]
+            per_bucket = BUCKET_BYTES // torch.empty((), dtype=kind[0]).element_size()
+            size = min(sum(numels), max(per_bucket, *numels))
+            self.buffers[kind] = torch.empty(size, dtype=kind[0], device=kind[1])
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -85,26 +96,30 @@ class DeferredSync(GradSync):
     def reduce(self, timeout_s: float) -> None:
         import torch
 
-        params = [p for p in self.model.parameters() if p.requires_grad]
         # Which parameters have a gradient on any rank (DDP's find_unused_parameters rule).
-        present = torch.tensor([float(p.grad is not None) for p in params])
+        present = torch.tensor([float(p.grad is not None) for p in self.params])
         self._all_reduce(present, timeout_s)
-        used = [p for p, n in zip(params, present.tolist(), strict=True) if n > 0]
-        for bucket in _buckets(used):
-            flat = torch.cat(
-                [
-                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                    for p in bucket
-                ]
-            )
-            self._all_reduce(flat, timeout_s)
-            flat.div_(self.world)
-            for p, view in zip(bucket, torch.split(flat, [p.numel() for p in bucket]), strict=True):
+        used = [p for p, n in zip(self.params, present.tolist(), strict=True) if n > 0]
+        for bucket in _buckets(used, self.buffers):
+            flat = self.buffers[_kind(bucket[0])]
+            offset = 0
+            for p in bucket:
+                view = flat.narrow(0, offset, p.numel())
                 if p.grad is None:
-                    p.grad = view.view_as(p).clone()
+                    view.zero_()
                 else:
-                    p.grad.copy_(view.view_as(p))
-            del flat
+                    view.copy_(p.grad.reshape(-1))
+                offset += p.numel()
+            self._all_reduce(flat.narrow(0, 0, offset), timeout_s)
+            flat.narrow(0, 0, offset).div_(self.world)
+            offset = 0
+            for p in bucket:
+                view = flat.narrow(0, offset, p.numel()).view_as(p)
+                if p.grad is None:
+                    p.grad = view.clone()
+                else:
+                    p.grad.copy_(view)
+                offset += p.numel()
 
     def _all_reduce(self, tensor: Any, timeout_s: float) -> None:
         import torch.distributed as dist
@@ -151,17 +166,17 @@ class FSDP2Sync(GradSync):
         yield
 
 
-def _buckets(params: list[Any]) -> Iterator[list[Any]]:
-    """Consecutive parameters of one dtype and device, up to ``BUCKET_BYTES`` each."""
+def _buckets(params: list[Any], buffers: dict[tuple[Any, Any], Any]) -> Iterator[list[Any]]:
+    """Consecutive parameters of one dtype and device that fit their kind's buffer."""
     bucket: list[Any] = []
     size = 0
     for p in params:
-        nbytes = p.numel() * p.element_size()
-        if bucket and (size + nbytes > BUCKET_BYTES or _kind(p) != _kind(bucket[0])):
+        room = buffers[_kind(p)].numel()
+        if bucket and (size + p.numel() > room or _kind(p) != _kind(bucket[0])):
             yield bucket
             bucket, size = [], 0
         bucket.append(p)
-        size += nbytes
+        size += p.numel()
     if bucket:
         yield bucket
 

@@ -82,7 +82,8 @@ class StepGuard:
         min_micro_batch: int = 1,
         before_optimizer: Callable[[], None] | None = None,
         verdict_timeout_s: float | None = None,
-        verdict_floor_s: float = 5.0,
+        verdict_floor_s: float = 60.0,
+        verdict_every_micro_batch: bool = False,
         on_give_up: str = "exit",
         step: int = 0,
     ) -> None:
@@ -106,6 +107,7 @@ class StepGuard:
         env_timeout = os.environ.get("DSSUP_VERDICT_TIMEOUT_S", "")
         self.verdict_timeout_s = float(env_timeout) if env_timeout else verdict_timeout_s
         self.verdict_floor_s, self.on_give_up, self.steps_done = verdict_floor_s, on_give_up, step
+        self.every_micro_batch = verdict_every_micro_batch
         self.sync = choose_sync(model, sync)
         self.agreement = Agreement.create()
         self.longest_step_s = 0.0
@@ -158,7 +160,10 @@ class StepGuard:
             if outcome.code == Code.OK:
                 total = total + loss
             last = i == len(quiet) - 1
-            if outcome.code != Code.OK or last or self.sync.forward_collectives:
+            if outcome.code in (Code.OOM_FORWARD, Code.OOM_BACKWARD) and self._at_floor():
+                self._stop(outcome, (), "micro-batch-floor", self._floor_text())
+            each = self.every_micro_batch or self.sync.forward_collectives
+            if outcome.code != Code.OK or last or each:
                 verdicts = self._verdicts(outcome, started)
                 if any(verdicts):
                     return total, self._judge(outcome, verdicts)
@@ -194,12 +199,13 @@ class StepGuard:
 
     # --- verdicts -----------------------------------------------------------------------
     def _bound(self, started: float) -> float:
-        """How long to wait for the others: fixed, or floor + 2 x the longest step (or this
-        step so far); 60 s at least before any step has completed."""
+        """How long to wait for the others' verdict: ``DSSUP_VERDICT_TIMEOUT_S`` or
+        ``verdict_timeout_s`` when set, else ``verdict_floor_s`` + 4 x the longer of the
+        longest step so far and this step until now. Generous on purpose: the step that OOMs
+        is often the first of a new, slower shape, and a false timeout costs a restart."""
         if self.verdict_timeout_s is not None:
             return self.verdict_timeout_s
-        floor = self.verdict_floor_s if self.longest_step_s else max(60.0, self.verdict_floor_s)
-        return floor + 2 * max(self.longest_step_s, time.monotonic() - started)
+        return self.verdict_floor_s + 4 * max(self.longest_step_s, time.monotonic() - started)
 
     def _verdicts(self, mine: _Try, started: float) -> tuple[Code, ...]:
         bound = self._bound(started)
@@ -224,11 +230,8 @@ class StepGuard:
         """All ranks agreed that someone OOMed: move to a finer split, or give up together."""
         verdicts = mine.verdicts
         new = finer_split(self.micro_batch, self.share, self.min_micro_batch)
-        if new is None:
-            self._stop(mine, verdicts, "micro-batch-floor", (
-                f"an OOM at micro-batch {self.micro_batch}, the finest split allowed "
-                f"(share {self.share}, min_micro_batch {self.min_micro_batch})"
-            ))  # fmt: skip
+        if new is None:  # unreachable: a rank that OOMs at the floor leaves before the verdict
+            self._stop(mine, verdicts, "micro-batch-floor", self._floor_text())
             return
         oom = [
             (r, c.phase)
@@ -255,6 +258,15 @@ class StepGuard:
         _free()
 
     # --- what cannot be redone ----------------------------------------------------------
+    def _at_floor(self) -> bool:
+        return finer_split(self.micro_batch, self.share, self.min_micro_batch) is None
+
+    def _floor_text(self) -> str:
+        return (
+            f"an OOM at micro-batch {self.micro_batch}, the finest split allowed (share "
+            f"{self.share}, min_micro_batch {self.min_micro_batch}); nothing to agree on"
+        )
+
     def _collective(self, what: str, fn: Callable[[], None], started: float) -> None:
         try:
             fn()

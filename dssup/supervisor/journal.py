@@ -7,8 +7,9 @@ line. Journals are small (a few records per attempt), so rewriting costs microse
 
 Record types: ``run-started``, ``attempt-started``, ``attempt-ended``, ``job-report`` (what
 the job itself reported about an attempt, and the global-batch verdict), ``continuity`` (an
-adapter's judgement of an ended attempt), ``decision``, ``supervisor-restarted``, ``run-ended``.
-Each carries ``seq`` (0, 1, ...) and ``ts``.
+adapter's judgement of an ended attempt), ``inprocess-remedy`` and ``inprocess-gave-up`` (the
+job's own in-process OOM recovery: ``dssup.supervisor.inprocess``), ``decision``,
+``supervisor-restarted``, ``run-ended``. Each carries ``seq`` (0, 1, ...) and ``ts``.
 """
 
 from __future__ import annotations

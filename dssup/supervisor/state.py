@@ -1,7 +1,7 @@
 """The run's state, rebuilt from the journal alone (so a restarted supervisor knows everything).
 
 ``replay`` folds the journal's records into: the plan the next attempt must use, the keys of
-every plan that failed with an OOM (never repeated), attempts used, consecutive unknown
+every plan that failed with an OOM (never repeated; splits a job left in-process included), attempts used, consecutive unknown
 failures, consecutive attempts without checkpoint progress, and the latest calibration.
 """
 
@@ -78,6 +78,7 @@ def replay(journal: Journal, initial: TrainingPlan) -> RunState:
             )
         elif rec["type"] == "decision" and rec.get("plan"):
             state.plan = TrainingPlan.model_validate(rec["plan"])
+            state.tried.update(rec.get("tried_add") or ())  # splits the job left in-process
             state.calibration_bytes = max(
                 state.calibration_bytes, rec.get("calibration_bytes") or 0
             )

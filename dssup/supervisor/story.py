@@ -69,7 +69,7 @@ def summarize(journal: Journal) -> Summary:
             if f["kind"] != "teardown":
                 s.failures.append(f"attempt {rec['attempt']}: {f['kind']}{_on_rank(f.get('rank'))}")
                 s.time_lost_s += rec.get("duration_s") or 0.0
-        elif rec["type"] == "decision" and rec.get("action") == "remedy":
+        elif rec["type"] == "decision" and rec.get("action") in {"remedy", "in-process"}:
             s.changes.append(f"{rec['step']}: {_change_text(rec.get('changes', {}))}")
         elif rec["type"] == "job-report":
             s.batch_checks[rec["attempt"]] = dict(rec.get("batch") or {})
@@ -142,6 +142,22 @@ def _sentence(rec: dict[str, Any]) -> str | None:
         return (
             f"Attempt {rec['attempt']} judged by {rec.get('adapter')}: {rec.get('verdict')}"
             f"{'' if rec.get('ok', True) else ' (the recovery FAILED)'}: {rec.get('detail', '')}"
+        )
+    if t == "inprocess-remedy":
+        where = ", ".join(
+            f"rank {r} in {p}" for r, p in zip(rec["oom_ranks"], rec["oom_phases"], strict=False)
+        )
+        return (
+            f"Attempt {rec['attempt']}, in-process: OOM at step {rec['step']} ({where}); every "
+            f"rank redid the step with micro-batch {rec['old_micro_batch']} -> "
+            f"{rec['micro_batch']}, accumulation {rec['old_grad_accum']} -> {rec['grad_accum']}, "
+            f"global batch {rec['global_batch']}; no restart."
+        )
+    if t == "inprocess-gave-up":
+        who = "the job" if rec.get("source") == "job" else "dssup"
+        return (
+            f"Attempt {rec['attempt']}, in-process recovery gave up ({who}: {rec['reason']}): "
+            f"{clip(rec.get('detail', ''), 200)}; the restart path took over."
         )
     if t == "decision":
         return (

@@ -32,6 +32,7 @@ from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
 from dssup.supervisor.command import TorchrunCommand
 from dssup.supervisor.config import SupervisorConfig
+from dssup.supervisor.inprocess import absorb, refine
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.process import Child, terminate_token
@@ -293,6 +294,7 @@ class Supervisor:
             on_start=lambda c: setattr(self, "_child", c),
             fast_fail=self.config.fast_fail,
         )
+        result.failure = refine(result.failure, spec.dir)  # what the job's step guard said
         step = self._step()
         state.record(result, step)
         journal.append(
@@ -308,6 +310,7 @@ class Supervisor:
             exited_at=round(result.exited_at, 4),
         )
         result.report = self._job_report(journal, number, spec.dir, state)
+        absorb(journal, number, result.report.records, state, result.failure)
         self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
         self._write_metrics()
