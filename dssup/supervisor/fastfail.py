@@ -1,5 +1,10 @@
 """Fast fail: stop an attempt as soon as one rank's error file names a root cause.
 
+An error file written by the job's step guard when it gave up in-process
+(``dssup.runtime.StepGuard``: the file carries a ``dssup_inprocess`` key) stops the attempt too,
+whatever it names: the guard exits only when the restart path must take over, and torchrun's
+own teardown takes seconds.
+
 torchrun's own teardown after a rank fails takes seconds (the failing process unwinds, torchrun
 notices, stops the healthy ranks with SIGTERM and a grace period, shuts its store down); on
 GPUs, healthy ranks blocked in a collective can take much longer. The failing rank's
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from dssup.supervisor.classify import classify_rank
 from dssup.supervisor.evidence import RankEvidence, read_error_file
+from dssup.supervisor.inprocess import guard_gave_up
 from dssup.supervisor.models import FailureKind, RankFailure
 
 __all__ = ["ErrorFileWatch"]
@@ -66,5 +72,7 @@ class ErrorFileWatch:
             )  # fmt: skip
             verdict = classify_rank(ev)
             if verdict.kind in _STOP_KINDS and not verdict.cascade:
+                return verdict
+            if guard_gave_up(path):
                 return verdict
         return None

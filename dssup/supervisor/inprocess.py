@@ -19,6 +19,7 @@ a split the job already saw fail. After each attempt it therefore:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,19 @@ from dssup.supervisor.report import report_path
 from dssup.supervisor.signatures import match
 from dssup.supervisor.state import RunState
 
-__all__ = ["GAVE_UP_EXIT", "absorb", "refine"]
+__all__ = ["GAVE_UP_EXIT", "absorb", "guard_gave_up", "refine"]
 
 GAVE_UP_EXIT = 75  # dssup.runtime.GAVE_UP_EXIT (the runtime is not imported here)
+_BYSTANDER = frozenset({"peer-lost", "verdict-timeout", "peer-error"})
+
+
+def guard_gave_up(error_file: Path) -> bool:
+    """Whether a torchelastic error file was written by a step guard that gave up."""
+    try:
+        doc = json.loads(error_file.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("dssup_inprocess"), dict)
 
 
 def _typed(records: Sequence[ReportRecord], cls: type[Any]) -> list[Any]:
@@ -58,6 +69,14 @@ def refine(failure: Failure | None, attempt_dir: Path) -> Failure | None:
         evidence.append(
             f"rank {q.rank}: in-process recovery gave up at step {q.step} ({q.reason}: "
             f"{q.detail}); exited {q.exit_code} for dssup to take over"
+        )
+    if quits and all(q.reason in _BYSTANDER for q in quits):
+        silent = sorted(
+            {r.rank for r in records if isinstance(r, InProcessGuard)} - {q.rank for q in quits}
+        )
+        evidence.append(
+            f"the guards gave up because a peer left mid-step; rank(s) {silent} reported "
+            "nothing (killed or crashed without a traceback)"
         )
     exited = [r.rank for r in failure.ranks if r.exit_code == GAVE_UP_EXIT]
     if exited and not quits:
