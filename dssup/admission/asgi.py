@@ -72,7 +72,12 @@ class WebhookApp:
         if ctype != b"application/json":
             return await _reply(send, 415, _error("content type must be application/json"))
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+        if (
+            length is not None
+            and length.isascii()
+            and length.isdigit()
+            and int(length) > self.max_body_bytes
+        ):
             return await _reply(send, 413, _error(f"body over {self.max_body_bytes} bytes"))
         body = await self._body(receive)
         if body is None:

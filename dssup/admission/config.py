@@ -14,12 +14,12 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from dssup.admission import annotations as ann
+from dssup.admission import modelid
 from dssup.admission.cache import ClusterCache
-from dssup.admission.flags import HF, MEGATRON_MODEL, SWITCHES
+from dssup.admission.flags import HF, MEGATRON_MODEL, MEGATRON_TOKENIZER, SWITCHES
 from dssup.admission.source import Found, Sources, positive, switch
 from dssup.errors import ConfigError, DssupError
 from dssup.memory import Layout, ModelSpec, Precision, Training, model_from_hf_config, preset
-from dssup.memory.hf import preset_names
 
 __all__ = ["Incomplete", "JobConfig", "resolve"]
 
@@ -82,6 +82,19 @@ def _model_from_annotation(src: Sources, cache: ClusterCache, value: str) -> tup
 _FREQ = re.compile(r"^\(?\[0\]\*(\d+)\s*\+\s*\[1\]\*(\d+)\)?$")
 
 
+def _vocab(src: Sources) -> tuple[int, str] | None:
+    """The vocabulary a Megatron tokenizer implies, and a warning saying it was inferred."""
+    kind = src.value(MEGATRON_TOKENIZER["type"])
+    n = modelid.tokenizer_vocab(kind)
+    if n is not None:
+        return n, f"vocabulary {n} inferred from --tokenizer-type {kind}"
+    ref = src.value(MEGATRON_TOKENIZER["model"])
+    known = modelid.known_model(ref) if ref else None
+    if known is not None:
+        return known[0].vocab, f"vocabulary {known[0].vocab} inferred from --tokenizer-model {ref}"
+    return None
+
+
 def _megatron_model(src: Sources) -> tuple[ModelSpec, str] | None:
     raw: dict[str, Any] = {}
     for key, names in MEGATRON_MODEL.items():
@@ -97,12 +110,21 @@ def _megatron_model(src: Sources) -> tuple[ModelSpec, str] | None:
             if m:
                 cfg["first_k_dense_replace"] = int(m.group(1))
             continue
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise ConfigError(f"--{key}", f"{value!r} is not an integer", "use a whole number")
         cfg[key] = int(value)
     cfg.setdefault("intermediate_size", 4 * cfg["hidden_size"])
     if "vocab_size" not in cfg:
-        raise Incomplete(["the vocabulary size: add --vocab-size or annotation dssup.io/model"])
+        inferred = _vocab(src)
+        if inferred is None:
+            raise Incomplete(
+                [
+                    "the vocabulary size: add --vocab-size (or a known --tokenizer-type) or "
+                    "annotation dssup.io/model"
+                ]
+            )
+        cfg["vocab_size"] = inferred[0]
+        src.warnings.append(inferred[1])
     if not switch(src, "gqa"):
         cfg.pop("num_key_value_heads", None)
     if not switch(src, "mla"):
@@ -132,14 +154,23 @@ def _model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
     found = _megatron_model(src)
     if found is not None:
         return found
-    hit = src.flag(HF["model"])
-    if hit is not None and hit.value:
-        base = hit.value.rstrip("/").rsplit("/", 1)[-1].lower()
-        if base in preset_names():
-            return _preset(base), f"preset:{base}"
-    raise Incomplete(
-        ["the model: add annotation dssup.io/model (a preset or configmap:<name>/<key>)"]
-    )
+    ref = modelid.find_reference(src.value, src.literal_env, src.view.model_refs)
+    if ref is None:
+        raise Incomplete(
+            ["the model: add annotation dssup.io/model (a preset or configmap:<name>/<key>)"]
+        )
+    known = modelid.known_model(ref.value)
+    if known is None:
+        what = "a path" if modelid.hub_id(ref.value) is None else "a model without a shipped config"
+        raise Incomplete(
+            [
+                f"the model: {ref.where} names {ref.value[:80]!r}, {what}; add annotation "
+                "dssup.io/model (a preset or configmap:<name>/<key>)"
+            ]
+        )
+    spec, name = known
+    src.warnings.append(f"model {name} inferred from {ref.where} {ref.value[:80]}")
+    return spec, f"preset:{name}"
 
 
 def _layout_values(src: Sources, cache: ClusterCache) -> dict[str, int | bool]:

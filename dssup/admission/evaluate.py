@@ -21,7 +21,7 @@ from dssup.admission.cache import ClusterCache
 from dssup.admission.config import Incomplete, JobConfig, resolve
 from dssup.admission.decision import Decision
 from dssup.admission.gpus import GpuMemory, resolve_gpu
-from dssup.admission.kinds import SUPPORTED, is_controlled, normalise
+from dssup.admission.kinds import identify, is_controlled, normalise
 from dssup.admission.memo import Versioned, content, memo_key
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import Sources, config_key, read_sources
@@ -185,21 +185,25 @@ class Evaluator:
         return self._evaluate(obj, namespace) if found is None else found
 
     def _evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
-        kind = obj.get("kind")
-        if not isinstance(kind, str) or kind not in SUPPORTED:
-            return _allow(
-                "unsupported-kind",
-                f"kind {kind} is not judged",
-                f"dssup: kind {kind} is not judged; allowed",
-            )
-        if kind == "Pod" and is_controlled(obj):
+        reader, why = identify(obj)
+        if reader is None:
+            return _allow("unsupported-kind", f"not judged: {why}", f"dssup: not judged: {why}")
+        if reader.kind == "Pod" and is_controlled(obj):
             return _allow("not-applicable", "a controlled Pod is judged at its owner")
         view = normalise(obj, self.cache, namespace)
         missed = [n for n in view.notes if n.startswith("cache miss")]
+        unreadable = [n[len("unreadable: ") :] for n in view.notes if n.startswith("unreadable:")]
         found = self._judge_view(view)
         if missed and isinstance(found, Decision):
             return _allow(
                 "cache-miss", f"not judged: {missed[0]}", f"dssup: not judged: {missed[0]}"
+            )
+        if unreadable and isinstance(found, Decision) and found.code == "not-applicable":
+            what = "; ".join(unreadable)
+            return _allow(
+                "config-incomplete",
+                f"not judged: GPU request not a number: {what}",
+                f"dssup: not judged: GPU request not a number ({what})",
             )
         return found
 
@@ -243,10 +247,13 @@ class Evaluator:
             )
         gpu = resolve_gpu(products, self.cache, self.settings.reserve_bytes)
         if gpu is None:
-            what = ", ".join(products) or "no nvidia.com/gpu.product node selector"
+            what = ", ".join(products) or (
+                "no GPU product: the node selector names none dssup can resolve (add "
+                "nvidia.com/gpu.product)"
+            )
             return _allow(
                 "unknown-gpu",
                 f"GPU memory unknown ({what})",
-                f"dssup: not judged: GPU memory unknown ({what[:60]})",
+                f"dssup: not judged: GPU memory unknown ({what[:90]})",
             )
         return Judged(cfg, gpu, self.estimate(cfg, cfg.layout, cfg.training, gpu.usable_bytes))

@@ -13,6 +13,7 @@ __all__ = [
     "LAUNCHER",
     "MEGATRON",
     "MEGATRON_MODEL",
+    "MEGATRON_TOKENIZER",
     "SWITCHES",
     "all_names",
 ]
@@ -75,6 +76,10 @@ HF: dict[str, frozenset[str]] = {
     "model": _f("--model_name_or_path", "--model-name-or-path"),
     "deepspeed": _f("--deepspeed", "--deepspeed_config", "--deepspeed-config"),
 }
+MEGATRON_TOKENIZER: dict[str, frozenset[str]] = {
+    "type": _f("--tokenizer-type"),
+    "model": _f("--tokenizer-model"),
+}
 LAUNCHER: dict[str, frozenset[str]] = {
     "nnodes": _f("--nnodes"),  # torchrun: a fixed node count forbids adding replicas
 }
@@ -95,8 +100,10 @@ DS_CONFIG: dict[str, str] = {
 
 def all_names() -> frozenset[str]:
     """Every flag dssup reads (used to tell a training launcher from anything else)."""
-    names: set[str] = set()
-    for table in (MEGATRON, SWITCHES, MEGATRON_MODEL, HF, LAUNCHER):
+    from dssup.admission.modelid import MODEL_FLAGS, TORCHTUNE_CONFIG
+
+    names: set[str] = set(MODEL_FLAGS | TORCHTUNE_CONFIG)
+    for table in (MEGATRON, SWITCHES, MEGATRON_MODEL, MEGATRON_TOKENIZER, HF, LAUNCHER):
         for flags in table.values():
             names |= flags
     return frozenset(names)

@@ -215,7 +215,7 @@ def _scales(ev: Evaluation) -> list[_Scale]:
     units = ps.pods // ps.scale_step
     limit = ps.max_units or units
     text = ev.view.annotations.get(ann.MAX_GPUS, "").strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         limit = max(limit, units + (int(text) - ev.view.world_size) // per_unit)
     return [
         _Scale(ps, u, ev.view.world_size + (u - units) * per_unit)

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from dssup.admission import annotations as ann
-from dssup.admission.argv import Hit, find_launch
+from dssup.admission.argv import MAX_SCRIPT, Hit, find_launch
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES, all_names
 from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView
@@ -52,6 +52,17 @@ class Sources:
     launch: tuple[
         tuple[tuple[str, ...], tuple[str, ...]], ...
     ] = ()  # (command, args) per GPU container
+    deepspeed_inline: Hit | None = None  # the flag holding inline DeepSpeed JSON, if any
+
+    def value(self, names: frozenset[str]) -> str | None:
+        """The value of the statement of ``names`` that counts (the last), if any."""
+        hit = _first(self.flags, names)
+        return hit.value if hit is not None else None
+
+    def literal_env(self, name: str) -> str | None:
+        """A literal env value of the GPU containers (the first container stating it)."""
+        var = self._env_index().get(name)
+        return var.value if var is not None else None
 
     def flag(self, names: frozenset[str]) -> Hit | None:
         return _first(self.flags, names)
@@ -104,11 +115,16 @@ class Sources:
         return None
 
 
+def _position(hit: Hit) -> tuple[bool, int, str]:
+    return hit.field == "args", hit.index, hit.flag
+
+
 def _first(flags: Mapping[str, Sequence[Hit]], names: frozenset[str]) -> Hit | None:
-    """The first occurrence of any spelling in ``names`` (alphabetical over spellings, so the
+    """The statement that counts among the spellings in ``names``: the last one on the launch
+    line, as argparse and Megatron read a flag given twice (ties broken by spelling, so the
     answer does not depend on set iteration order)."""
-    found = [hits[0] for name in names if (hits := flags.get(name))]
-    return min(found, key=lambda h: h.flag) if found else None
+    found = [hits[-1] for name in names if (hits := flags.get(name))]
+    return max(found, key=_position) if found else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +146,7 @@ def _index(launch: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]) -> _Inde
             lists.setdefault(hit.flag, []).append(hit)
     flags = {name: tuple(hits) for name, hits in lists.items()}
     warnings = tuple(
-        f"{name} differs between containers; using {hits[0].value}"
+        f"{name} is given {len(hits)} times with different values; using the last, {hits[-1].value}"
         for name, hits in flags.items()
         if len({h.value for h in hits}) > 1
     )
@@ -144,9 +160,24 @@ def _index(launch: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]) -> _Inde
     return _Index(flags, by_knob, warnings, _first(flags, HF["deepspeed"]))
 
 
-def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any] | None:
-    if not hit.value or hit.value.startswith("{"):
+def _inline(src: Sources, hit: Hit) -> Mapping[str, Any] | None:
+    try:
+        doc = json.loads(hit.value or "")
+    except ValueError:
+        src.problems.append(f"{hit.flag} holds text that is not DeepSpeed JSON")
         return None
+    if not isinstance(doc, Mapping):
+        src.problems.append(f"{hit.flag} holds JSON that is not an object")
+        return None
+    src.deepspeed_inline = hit
+    return doc
+
+
+def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any] | None:
+    if not hit.value:
+        return None
+    if hit.value.lstrip().startswith("{"):
+        return _inline(src, hit)
     path = hit.value
     for ps, c in src.containers:
         for vol, mount in c.mounts:
@@ -158,7 +189,10 @@ def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any]
             key = next((k for k, p in items.items() if p == rel), rel)
             data = cache.config_map(src.view.namespace, cm_name)
             if data is None:
-                src.warnings.append(f"cache miss: ConfigMap {cm_name} holding the DeepSpeed config")
+                src.problems.append(
+                    f"cache miss: ConfigMap {cm_name} holding the DeepSpeed config {path} (is it "
+                    "labelled dssup.io/watch=true?)"
+                )
                 return None
             try:
                 doc = json.loads(data.get(key, ""))
@@ -166,7 +200,10 @@ def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any]
                 src.problems.append(f"ConfigMap {cm_name} key {key} is not DeepSpeed JSON")
                 return None
             return doc if isinstance(doc, Mapping) else None
-    src.warnings.append(f"DeepSpeed config {path} is not mounted from a ConfigMap; not read")
+    src.problems.append(
+        f"DeepSpeed config {path} is not mounted from a ConfigMap, so dssup cannot read its ZeRO "
+        "stage and batch sizes (mount it from a ConfigMap or state them as dssup.io/ annotations)"
+    )
     return None
 
 
@@ -177,7 +214,12 @@ def read_sources(
     ``sets``: the view's ``training_sets`` when the caller has them already."""
     sets = view.training_sets if sets is None else sets
     containers = [(ps, c) for ps in sets for c in ps.containers if c.gpus > 0]
+    if len(sets) != len(view.pod_sets):  # launchers without GPUs (an MPIJob's mpirun line)
+        containers += [(ps, c) for ps in view.pod_sets for c in ps.containers if c.launcher]
     launch = tuple((c.command, c.args) for _, c in containers)
+    oversized = [
+        len(e) for command, args in launch for e in (*command, *args) if len(e) > MAX_SCRIPT
+    ]
     index = _index(launch)
     src = Sources(
         view,
@@ -190,6 +232,12 @@ def read_sources(
         index.by_knob,
         launch,
     )  # positional, in field order: a slotted dataclass from keywords costs more per review
+    src.warnings.extend(n for n in view.notes if n.startswith("GPU from"))
+    if oversized:
+        src.problems.append(
+            f"a launch line element of {max(oversized):,} bytes is over the {MAX_SCRIPT:,} bytes "
+            "dssup reads; state the config as dssup.io/ annotations"
+        )
     if index.deepspeed is not None:
         src.deepspeed = _deepspeed(src, cache, index.deepspeed)
     return src
@@ -222,7 +270,7 @@ def positive(found: Found | None, knob: str) -> int | None:
     if found is None:
         return None
     text = found.value.strip()
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ConfigError(
             found.where,
             f"{knob} {found.value!r} is not a positive integer",

@@ -30,6 +30,7 @@ class EnvVar(NamedTuple):
     value: str | None
     config_map: tuple[str, str] | None = None  # (name, key) of valueFrom.configMapKeyRef
     position: int = -1  # index in the env list of the admitted object; -1 = inherited
+    field_ref: str | None = None  # valueFrom.fieldRef.fieldPath (the downward API)
 
 
 class ContainerView(NamedTuple):
@@ -46,6 +47,7 @@ class ContainerView(NamedTuple):
     env_path: str
     command_present: bool = True
     args_present: bool = True
+    launcher: bool = False  # starts the job without GPUs of its own (an MPIJob launcher)
 
 
 class PodSetView(NamedTuple):
@@ -60,6 +62,10 @@ class PodSetView(NamedTuple):
     scale_paths: tuple[str, ...] = ()  # pointers that hold the unit count (replicas, parallelism)
     scale_step: int = 1  # pods per unit (JobSet: parallelism of the replicated job)
     max_units: int | None = None  # a limit the job itself states (PyTorchJob elasticPolicy)
+    annotations: Mapping[str, str] = {}  # the pod template's own (they reach the pods)
+    meta_path: str = ""  # pointer of the template's metadata ("" when it cannot be patched)
+    annotations_present: bool = False
+    downward: frozenset[str] = frozenset()  # template annotations the pods read (downward API)
 
     @property
     def gpus(self) -> int:
@@ -76,6 +82,8 @@ class JobView(NamedTuple):
     annotations_present: bool
     pod_sets: tuple[PodSetView, ...]
     notes: tuple[str, ...] = ()
+    api_version: str = ""
+    model_refs: tuple[tuple[str, str], ...] = ()  # (where, reference) the kind itself states
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,276 @@
+"""Which GPU a pod will get, as real jobs state it.
+
+Jobs rarely name the GPU Feature Discovery product (``nvidia.com/gpu.product``). They pick nodes
+by instance type (EKS ``node.kubernetes.io/instance-type: p5.48xlarge``), by GKE's
+``cloud.google.com/gke-accelerator``, by a cluster's own labels, or they request MIG slices
+(``nvidia.com/mig-1g.10gb``) or AMD GPUs (``amd.com/gpu``). In that order of trust:
+
+1. a MIG resource names its slice (memory in its name);
+2. the GFD product label in the node selector or a required node-affinity ``In`` term;
+3. any other node selector / required affinity resolved against the Node cache: the GFD
+   products of the GPU Nodes whose labels match (several: the smallest GPU counts);
+4. a built-in map of common cloud instance types and accelerator labels (the fallback when no
+   matching Node is cached, e.g. ``dssup admit`` offline or nodes scaled to zero).
+
+Nothing matched: no product, and the policy answers ``unknown-gpu`` naming what it saw.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dssup.admission.cache import ClusterCache
+
+__all__ = [
+    "GPU_PRODUCT_LABEL",
+    "GPU_RESOURCES",
+    "INSTANCE_GPUS",
+    "container_gpus",
+    "downward_annotations",
+    "node_terms",
+    "products",
+]
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
+_ANNOTATION_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
+
+# Labels whose value names the machine; the value maps to a GFD product of the table in
+# dssup/admission/gpus.py. Instance types: AWS EC2, Azure (AKS), OCI shapes; accelerators: GKE.
+INSTANCE_LABELS = (
+    "node.kubernetes.io/instance-type",
+    "beta.kubernetes.io/instance-type",
+    "cloud.google.com/gke-accelerator",
+    "karpenter.k8s.aws/instance-gpu-name",
+)
+INSTANCE_GPUS: dict[str, str] = {
+    # AWS EC2 (https://aws.amazon.com/ec2/instance-types/ accelerated computing)
+    "p3.2xlarge": "Tesla-V100-SXM2-16GB",
+    "p3.8xlarge": "Tesla-V100-SXM2-16GB",
+    "p3.16xlarge": "Tesla-V100-SXM2-16GB",
+    "p3dn.24xlarge": "Tesla-V100-SXM2-32GB",
+    "p4d.24xlarge": "NVIDIA-A100-SXM4-40GB",
+    "p4de.24xlarge": "NVIDIA-A100-SXM4-80GB",
+    "p5.48xlarge": "NVIDIA-H100-80GB-HBM3",
+    "p5.4xlarge": "NVIDIA-H100-80GB-HBM3",
+    "p5e.48xlarge": "NVIDIA-H200",
+    "p5en.48xlarge": "NVIDIA-H200",
+    "p6-b200.48xlarge": "NVIDIA-B200",
+    "g4dn": "Tesla-T4",
+    "g5": "NVIDIA-A10G",
+    "g6": "NVIDIA-L4",
+    "gr6": "NVIDIA-L4",
+    "g6e": "NVIDIA-L40S",
+    # Karpenter's GPU name label
+    "t4": "Tesla-T4",
+    "a10g": "NVIDIA-A10G",
+    "l4": "NVIDIA-L4",
+    "l40s": "NVIDIA-L40S",
+    "a100": "NVIDIA-A100-SXM4-40GB",
+    "h100": "NVIDIA-H100-80GB-HBM3",
+    "h200": "NVIDIA-H200",
+    "b200": "NVIDIA-B200",
+    # GKE cloud.google.com/gke-accelerator
+    "nvidia-tesla-t4": "Tesla-T4",
+    "nvidia-tesla-v100": "Tesla-V100-SXM2-16GB",
+    "nvidia-tesla-a100": "NVIDIA-A100-SXM4-40GB",
+    "nvidia-a100-80gb": "NVIDIA-A100-SXM4-80GB",
+    "nvidia-l4": "NVIDIA-L4",
+    "nvidia-h100-80gb": "NVIDIA-H100-80GB-HBM3",
+    "nvidia-h100-mega-80gb": "NVIDIA-H100-80GB-HBM3",
+    "nvidia-h200-141gb": "NVIDIA-H200",
+    "nvidia-b200": "NVIDIA-B200",
+    "nvidia-gb200": "NVIDIA-GB200",
+    "nvidia-rtx-pro-6000": "NVIDIA-RTX-PRO-6000",
+    # Azure (AKS node.kubernetes.io/instance-type)
+    "standard_nd96asr_v4": "NVIDIA-A100-SXM4-40GB",
+    "standard_nd96amsr_a100_v4": "NVIDIA-A100-SXM4-80GB",
+    "standard_nc24ads_a100_v4": "NVIDIA-A100-80GB-PCIe",
+    "standard_nc48ads_a100_v4": "NVIDIA-A100-80GB-PCIe",
+    "standard_nc96ads_a100_v4": "NVIDIA-A100-80GB-PCIe",
+    "standard_nd96isr_h100_v5": "NVIDIA-H100-80GB-HBM3",
+    "standard_nd96isr_h200_v5": "NVIDIA-H200",
+    "standard_nc40ads_h100_v5": "NVIDIA-H100-NVL",
+    "standard_nc80adis_h100_v5": "NVIDIA-H100-NVL",
+    "standard_nc4as_t4_v3": "Tesla-T4",
+    "standard_nc6s_v3": "Tesla-V100-PCIE-16GB",
+    "standard_nd96is_mi300x_v5": "AMD-Instinct-MI300X",
+    # OCI shapes
+    "bm.gpu.a100-v2.8": "NVIDIA-A100-SXM4-80GB",
+    "bm.gpu4.8": "NVIDIA-A100-SXM4-40GB",
+    "bm.gpu.h100.8": "NVIDIA-H100-80GB-HBM3",
+    "bm.gpu.h200.8": "NVIDIA-H200",
+    "bm.gpu.b200.8": "NVIDIA-B200",
+    "bm.gpu.a10.4": "NVIDIA-A10",
+    "bm.gpu.l40s.4": "NVIDIA-L40S",
+    "bm.gpu.mi300x.8": "AMD-Instinct-MI300X",
+}
+
+
+def _quantity(value: Any) -> int | None:
+    """A whole-number quantity; None when absent; -1 when unreadable."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return -1
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    return int(text) if text.isascii() and text.isdigit() else -1
+
+
+def container_gpus(c: Mapping[str, Any], notes: list[str]) -> tuple[int, tuple[str, ...]]:
+    """(GPUs of the container, the resource names counted): limits, else requests."""
+    res = c.get("resources")
+    if not isinstance(res, Mapping):
+        return 0, ()
+    total, names = 0, []
+    for field in ("limits", "requests"):
+        block = res.get(field)
+        if not isinstance(block, Mapping):
+            continue
+        for raw_key, raw in block.items():
+            key = str(raw_key)
+            if key not in GPU_RESOURCES and not _MIG_RESOURCE.match(key):
+                continue
+            if key in names:  # stated in limits: requests equal it (or are ignored)
+                continue
+            n = _quantity(raw)
+            if n is None:
+                continue
+            if n < 0:
+                notes.append(f"unreadable: container {c.get('name', '?')} {key} {raw!r}")
+                continue
+            names.append(key)
+            total += n
+    return total, tuple(names)
+
+
+def _mig(containers: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    found: list[str] = []
+    for c in containers:
+        res = c.get("resources")
+        for field in ("limits", "requests"):
+            block = res.get(field) if isinstance(res, Mapping) else None
+            for key in block if isinstance(block, Mapping) else ():
+                m = _MIG_RESOURCE.match(str(key))
+                if m and f"NVIDIA-MIG-{m.group(1)}" not in found:
+                    found.append(f"NVIDIA-MIG-{m.group(1)}")
+    return tuple(found)
+
+
+def node_terms(pod: Mapping[str, Any]) -> list[list[tuple[str, str, tuple[str, ...]]]]:
+    """The pod's node requirements: one list of (key, operator, values) per alternative (the
+    node selector is added to every alternative, as the scheduler does)."""
+    sel = pod.get("nodeSelector")
+    base: list[tuple[str, str, tuple[str, ...]]] = [
+        (str(k), "In", (str(v),))
+        for k, v in (sel.items() if isinstance(sel, Mapping) else ())
+        if isinstance(v, (str, int))
+    ]
+    aff = pod.get("affinity")
+    na = aff.get("nodeAffinity") if isinstance(aff, Mapping) else None
+    req = (
+        na.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(na, Mapping)
+        else None
+    )
+    raw_terms = req.get("nodeSelectorTerms") if isinstance(req, Mapping) else None
+    alternatives: list[list[tuple[str, str, tuple[str, ...]]]] = []
+    for term in raw_terms if isinstance(raw_terms, list) else ():
+        exprs = term.get("matchExpressions") if isinstance(term, Mapping) else None
+        reqs = list(base)
+        for e in exprs if isinstance(exprs, list) else ():
+            if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
+                continue
+            values = e.get("values")
+            vals = tuple(str(v) for v in values) if isinstance(values, list) else ()
+            reqs.append((e["key"], str(e.get("operator", "")), vals))
+        alternatives.append(reqs)
+    return alternatives or [base]
+
+
+def _labelled(terms: list[list[tuple[str, str, tuple[str, ...]]]], label: str) -> tuple[str, ...]:
+    found: list[str] = []
+    for reqs in terms:
+        for key, op, vals in reqs:
+            if key == label and op == "In":
+                found.extend(v for v in vals if v not in found)
+    return tuple(found)
+
+
+def _instance(terms: list[list[tuple[str, str, tuple[str, ...]]]]) -> tuple[str, ...]:
+    found: list[str] = []
+    for label in INSTANCE_LABELS:
+        for value in _labelled(terms, label):
+            v = value.strip().lower()
+            product = INSTANCE_GPUS.get(v) or INSTANCE_GPUS.get(v.split(".", 1)[0])
+            if product and product not in found:
+                found.append(product)
+    return tuple(found)
+
+
+def products(
+    pod: Mapping[str, Any],
+    containers: Sequence[Mapping[str, Any]],
+    cache: ClusterCache,
+    notes: list[str],
+) -> tuple[str, ...]:
+    """GPU products the pod may land on (the smallest of several counts)."""
+    mig = _mig(containers)
+    if mig:
+        return mig
+    terms = node_terms(pod)
+    named = _labelled(terms, GPU_PRODUCT_LABEL) or _labelled(terms, AMD_PRODUCT_LABEL)
+    if named:
+        return named
+    if any(reqs for reqs in terms):
+        match = getattr(cache, "gpu_products_matching", None)
+        found = tuple(match(terms)) if match is not None else ()
+        if found:
+            return found
+        fallback = _instance(terms)
+        if fallback:
+            notes.append(
+                "GPU from the built-in instance map: "
+                + ", ".join(fallback)
+                + " (no GPU Node cached)"
+            )
+        return fallback
+    return ()
+
+
+def _items(value: Any) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def _ref_path(item: Mapping[str, Any], via: str) -> str | None:
+    holder = item.get(via) if via else item
+    ref = holder.get("fieldRef") if isinstance(holder, Mapping) else None
+    path = ref.get("fieldPath") if isinstance(ref, Mapping) else None
+    return path if isinstance(path, str) else None
+
+
+def downward_annotations(pod: Mapping[str, Any]) -> frozenset[str]:
+    """Template annotations the containers read through the downward API (env fieldRef or a
+    downwardAPI volume); ``"*"`` when a volume exposes all of them."""
+    keys: set[str] = set()
+    for c in _items(pod.get("containers")):
+        for e in _items(c.get("env")):
+            path = _ref_path(e, "valueFrom")
+            m = _ANNOTATION_REF.match(path) if path else None
+            if m:
+                keys.add(m.group(1))
+    for vol in _items(pod.get("volumes")):
+        dapi = vol.get("downwardAPI")
+        for item in _items(dapi.get("items") if isinstance(dapi, Mapping) else None):
+            path = _ref_path(item, "")
+            if path == "metadata.annotations":
+                keys.add("*")
+            elif path and (m := _ANNOTATION_REF.match(path)):
+                keys.add(m.group(1))
+    return frozenset(keys)
