@@ -17,19 +17,11 @@ from dssup.admission import annotations as ann
 from dssup.admission import modelid
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import HF, MEGATRON_MODEL, MEGATRON_TOKENIZER, SWITCHES
-from dssup.admission.source import Found, Sources, positive, switch
-from dssup.errors import ConfigError, DssupError
+from dssup.admission.source import Found, Incomplete, Sources, positive, switch
+from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Precision, Training, model_from_hf_config, preset
 
 __all__ = ["Incomplete", "JobConfig", "resolve"]
-
-
-class Incomplete(DssupError):
-    """The job does not state enough to be judged; ``missing`` says what to add."""
-
-    def __init__(self, missing: list[str]) -> None:
-        self.missing = missing
-        super().__init__("; ".join(missing))
 
 
 class JobConfig(NamedTuple):

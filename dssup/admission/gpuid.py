@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dssup.admission.cache import ClusterCache
+from dssup.admission.view import annotation_ref
 
 __all__ = [
     "GPU_PRODUCT_LABEL",
@@ -37,7 +38,6 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 _MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
-_ANNOTATION_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
 
 # Labels whose value names the machine; the value maps to a GFD product of the table in
 # dssup/admission/gpus.py. Instance types: AWS EC2, Azure (AKS), OCI shapes; accelerators: GKE.
@@ -261,16 +261,15 @@ def downward_annotations(pod: Mapping[str, Any]) -> frozenset[str]:
     keys: set[str] = set()
     for c in _items(pod.get("containers")):
         for e in _items(c.get("env")):
-            path = _ref_path(e, "valueFrom")
-            m = _ANNOTATION_REF.match(path) if path else None
-            if m:
-                keys.add(m.group(1))
+            key = annotation_ref(_ref_path(e, "valueFrom"))
+            if key is not None:
+                keys.add(key)
     for vol in _items(pod.get("volumes")):
         dapi = vol.get("downwardAPI")
         for item in _items(dapi.get("items") if isinstance(dapi, Mapping) else None):
             path = _ref_path(item, "")
             if path == "metadata.annotations":
                 keys.add("*")
-            elif path and (m := _ANNOTATION_REF.match(path)):
-                keys.add(m.group(1))
+            elif (key := annotation_ref(path)) is not None:
+                keys.add(key)
     return frozenset(keys)

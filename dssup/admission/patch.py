@@ -1,25 +1,55 @@
-"""Write a new training config back into the job, in the places the job itself uses.
+"""Write a new training config back into the job, only where the pods will see it.
 
-A knob is rewritten everywhere it is stated (annotation, Megatron flag, HF flag, literal env
-var); a knob stated nowhere is added in the job's own style (Megatron flags, HF flags, or our
-annotations). Knobs that live only in a DeepSpeed ConfigMap or a ConfigMap-backed env var cannot
-be changed by an admission patch (that would be a side effect), so ``render`` returns None and
-the policy tries the next candidate. The caller re-reads the patched object to prove the patch
-says what it meant (see ``policy.py``).
+A resize must change what the containers read, or it claims a fit the workload never gets.
+Visible places: the container's args (flags in any form, also inside ``bash -c`` scripts), its
+env (literal values; ``DSSUP_*`` contract variables, added only to containers that run under
+``dssup run`` or already read them), inline DeepSpeed JSON given to ``--deepspeed``, and pod
+template annotations that the template itself exposes through the downward API. A job-level
+``dssup.io/`` annotation is rewritten too when it states the knob (so the job does not
+contradict itself), but it never counts: PyTorchJob, JobSet, Job, TrainJob, Volcano and MPIJob
+annotations are not copied to pods. A knob that can only be changed invisibly (a job
+annotation alone, a DeepSpeed ConfigMap, a ConfigMap-backed env var) makes ``render`` return
+None and the policy tries the next candidate or names the setting in its answer. The caller
+re-reads the patched object, also as the pods see it, to prove the patch says what it meant.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from dssup.admission import annotations as ann
 from dssup.admission.argv import ArgvEditor
-from dssup.admission.flags import ENV, HF, MEGATRON, SWITCHES
+from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES
 from dssup.admission.source import Sources
-from dssup.admission.view import escape
+from dssup.admission.view import ContainerView, PodSetView, annotation_ref, escape
 
-__all__ = ["Change", "annotation_ops", "render"]
+__all__ = ["KNOB_ANNOTATIONS", "Change", "annotation_ops", "render", "speaks_contract"]
+
+KNOB_ANNOTATIONS = (ann.MICRO_BATCH, ann.GLOBAL_BATCH, ann.RECOMPUTE, ann.ZERO_STAGE)
+_CONTRACT_ENV = {
+    "micro_batch": "DSSUP_MICRO_BATCH_SIZE",
+    "global_batch": "DSSUP_GLOBAL_BATCH_SIZE",
+    "recompute": "DSSUP_RECOMPUTE",
+    "zero_stage": "DSSUP_ZERO_STAGE",
+}
+
+
+def speaks_contract(c: ContainerView) -> bool:
+    """The container runs under ``dssup run`` (or ``python -m dssup``) or already reads
+    ``DSSUP_*`` variables: it will see the env contract."""
+    words = (*c.command, *c.args)
+    if any(v.name.startswith("DSSUP_") for v in c.env):
+        return True
+    for w in words:
+        head = w.split()[:3] if " " in w else [w]
+        if any(t == "dssup" or t.endswith("/dssup") for t in head):
+            return True
+        if "dssup run" in w or "-m dssup" in w:
+            return True
+    return "-m" in words and "dssup" in words
+
 
 Change = dict[str, tuple[Any, Any]]  # knob -> (old, new)
 _MEGATRON_ANY = frozenset().union(*MEGATRON.values(), *SWITCHES.values())
@@ -40,9 +70,55 @@ class _Writer:
     def __init__(self, src: Sources) -> None:
         self.src = src
         self.editors = {c.args_path: ArgvEditor(c) for _, c in src.containers}
-        self.annotations: dict[str, str] = {}
+        self.annotations: dict[str, str] = {}  # job-level (consistency only: pods never see them)
         self.env_ops: list[dict[str, Any]] = []
+        self.template_ops: dict[str, dict[str, Any]] = {}  # pointer -> test/replace ops
+        self.new_env: dict[str, dict[str, str]] = {}  # env pointer -> added contract vars
         self.style = style(src)
+        inline = src.deepspeed_inline
+        self.ds: dict[str, Any] | None = (
+            json.loads(json.dumps(src.deepspeed))
+            if inline is not None and src.deepspeed is not None and inline.form in ("sep", "eq")
+            else None
+        )
+        self.ds_changed = False
+
+    def gpu_containers(self) -> list[tuple[PodSetView, ContainerView]]:
+        return [(ps, c) for ps, c in self.src.containers if not c.launcher]
+
+    def contract(self) -> bool:
+        cs = self.gpu_containers()
+        return bool(cs) and all(speaks_contract(c) for _, c in cs)
+
+    def set_contract_env(self, knob: str, value: str) -> bool:
+        """Give every GPU container ``DSSUP_<KNOB>=value`` (they run under ``dssup run``)."""
+        if not self.contract():
+            return False
+        name = _CONTRACT_ENV[knob]
+        for _, c in self.gpu_containers():
+            if any(v.name == name for v in c.env):
+                continue  # stated: set_env rewrote it (or refused)
+            self.new_env.setdefault(c.env_path, {})[name] = value
+        return True
+
+    def set_ds(self, knob: str, value: str) -> bool:
+        """Rewrite a numeric key of inline DeepSpeed JSON; False when it does not hold one."""
+        if self.ds is None:
+            return False
+        if knob == "zero_stage":
+            zero = self.ds.get("zero_optimization")
+            if isinstance(zero, dict) and isinstance(zero.get("stage"), int):
+                zero["stage"] = int(value)
+                self.ds_changed = True
+                return True
+            return False
+        key = DS_CONFIG.get(knob)
+        current = self.ds.get(key) if key else None
+        if key and isinstance(current, int) and not isinstance(current, bool):
+            self.ds[key] = int(value)
+            self.ds_changed = True
+            return True
+        return False
 
     def _styled(self, names: frozenset[str]) -> list[ArgvEditor]:
         return [
@@ -58,35 +134,77 @@ class _Writer:
         targets = self._styled(group)
         return bool(targets) and all(e.append(tokens) for e in targets)
 
+    def _template(self, ps: PodSetView, key: str, value: str) -> bool:
+        """Rewrite a pod template annotation the containers read through the downward API."""
+        if not ps.meta_path or key not in ps.annotations:
+            return False
+        if ps.meta_path == "/metadata":  # a bare Pod: its own annotations
+            self.annotations[key] = value
+            return True
+        path = f"{ps.meta_path}/annotations/{escape(key)}"
+        self.template_ops[path] = {"old": ps.annotations[key], "new": value}
+        return True
+
     def set_env(self, knob: str, value: str) -> tuple[bool, bool]:
-        """(found any, all writable)."""
+        """(found any, all writable) over the env statements of ``knob``."""
         found, ok = False, True
-        for _, c in self.src.containers:
+        for ps, c in self.src.containers:
             for var in c.env:
-                if var.name in ENV.get(knob, ()):
-                    found = True
-                    if var.value is None or var.position < 0:
-                        ok = False
-                        continue
-                    base = f"{c.env_path}/{var.position}"
-                    self.env_ops += [
-                        {"op": "test", "path": f"{base}/name", "value": var.name},
-                        {"op": "replace", "path": f"{base}/value", "value": value},
-                    ]
+                if var.name not in ENV.get(knob, ()):
+                    continue
+                found = True
+                key = annotation_ref(var.field_ref)
+                if key is not None:
+                    ok = self._template(ps, key, value) and ok
+                    continue
+                if var.value is None or var.position < 0:
+                    ok = False
+                    continue
+                base = f"{c.env_path}/{var.position}"
+                self.env_ops += [
+                    {"op": "test", "path": f"{base}/name", "value": var.name},
+                    {"op": "replace", "path": f"{base}/value", "value": value},
+                ]
         return found, ok
 
     def set_knob(
         self, knob: str, ann_key: str | None, value: str, flag_sets: list[frozenset[str]]
     ) -> bool:
-        """Rewrite every statement of a knob; False if one of them cannot be rewritten."""
-        wrote = False
-        if ann_key and ann_key in self.src.view.annotations:
+        """Rewrite every statement of a knob where the pods see it; False if one of them cannot
+        be rewritten or none is visible. A job-level annotation stating the knob is rewritten
+        too, and when it is the only statement the contract env carries the value."""
+        stated_ann = bool(ann_key and ann_key in self.src.view.annotations)
+        if stated_ann and ann_key:
             self.annotations[ann_key] = value
-            wrote = True
+        visible = False
         for names in flag_sets:
-            wrote = self.set_flag(names, value) or wrote
+            visible = self.set_flag(names, value) or visible
         found, ok = self.set_env(knob, value)
-        return ok and (wrote or found)
+        visible = (found and ok) or visible
+        visible = self.set_ds(knob, value) or visible
+        if not ok:
+            return False
+        if not visible and stated_ann:
+            return self.set_contract_env(knob, value)
+        return visible
+
+    def ops(self) -> list[dict[str, Any]]:
+        out = [op for e in self.editors.values() for op in e.ops()] + self.env_ops
+        for path, edit in self.template_ops.items():
+            out += [
+                {"op": "test", "path": path, "value": edit["old"]},
+                {"op": "replace", "path": path, "value": edit["new"]},
+            ]
+        present = {
+            c.env_path for _, c in self.src.containers if any(v.position >= 0 for v in c.env)
+        }
+        for env_path, added in self.new_env.items():
+            items = [{"name": k, "value": v} for k, v in added.items()]
+            if env_path in present:
+                out += [{"op": "add", "path": f"{env_path}/-", "value": item} for item in items]
+            else:
+                out.append({"op": "add", "path": env_path, "value": items})
+        return out
 
 
 def _mentions(editor: ArgvEditor, names: frozenset[str]) -> bool:
@@ -104,7 +222,7 @@ def _micro(w: _Writer, new: int) -> bool:
     if w.style == "hf":
         return w.append(_HF_ANY, ["--per_device_train_batch_size", v])
     w.annotations[ann.MICRO_BATCH] = v
-    return True
+    return w.set_contract_env("micro_batch", v)
 
 
 def _keep_global(w: _Writer, global_batch: int, stated: bool, accum: int) -> bool:
@@ -113,12 +231,17 @@ def _keep_global(w: _Writer, global_batch: int, stated: bool, accum: int) -> boo
         if w.set_knob("grad_accum", None, str(accum), [HF["grad_accum"]]):
             return True
         return w.append(_HF_ANY, ["--gradient_accumulation_steps", str(accum)])
+    if w.set_ds("grad_accum", str(accum)):
+        return True
     if stated:
+        if ann.GLOBAL_BATCH in w.src.view.annotations and w.style == "annotation":
+            # stated as a job annotation only: the pods see it through the contract env
+            return w.set_knob("global_batch", ann.GLOBAL_BATCH, str(global_batch), [])
         return True
     if w.style == "megatron":
         return w.append(_MEGATRON_ANY, ["--global-batch-size", str(global_batch)])
     w.annotations[ann.GLOBAL_BATCH] = str(global_batch)
-    return True
+    return w.set_contract_env("global_batch", str(global_batch))
 
 
 def _recompute(w: _Writer, old: str, new: str) -> bool:
@@ -133,7 +256,8 @@ def _recompute(w: _Writer, old: str, new: str) -> bool:
         return all(e.remove(names) for e in w.editors.values())
     if w.style != "megatron":
         w.annotations[ann.RECOMPUTE] = new
-        return True
+        found, ok = w.set_env("recompute", new)
+        return ok and (found or w.set_contract_env("recompute", new))
     drop = MEGATRON["recompute"] | MEGATRON["recompute_method"] | MEGATRON["recompute_layers"]
     if not all(e.remove(drop | SWITCHES["recompute_activations"]) for e in w.editors.values()):
         return False
@@ -148,6 +272,8 @@ def _recompute(w: _Writer, old: str, new: str) -> bool:
 def _zero(w: _Writer, new: int) -> bool:
     if w.set_knob("zero_stage", ann.ZERO_STAGE, str(new), []):
         return True
+    if w.set_ds("zero_stage", str(new)):
+        return True
     if w.style == "megatron" and new in (0, 1):
         names = SWITCHES["dist_opt"]
         if new == 1:
@@ -155,7 +281,7 @@ def _zero(w: _Writer, new: int) -> bool:
         return all(e.remove(names) for e in w.editors.values())
     if w.style == "annotation":
         w.annotations[ann.ZERO_STAGE] = str(new)
-        return True
+        return w.set_contract_env("zero_stage", str(new))
     return False
 
 
@@ -165,7 +291,10 @@ def expressible(
     """Values a resize may choose per knob (None = any), given how the job states its knobs."""
     kind = style(src)
     zero: tuple[int, ...] | None = None
-    if origins.get("zero_stage") in {"deepspeed", "env-configmap"} or kind == "hf":
+    inline = src.deepspeed_inline is not None
+    if origins.get("zero_stage") == "env-configmap" or (
+        (origins.get("zero_stage") == "deepspeed" or kind == "hf") and not inline
+    ):
         zero = (training.zero_stage,)
     elif kind == "megatron" and origins.get("zero_stage") != "annotation":
         zero = (0, 1) if training.zero_stage in (0, 1) else (training.zero_stage,)
@@ -173,7 +302,8 @@ def expressible(
     if origins.get("recompute") in {"deepspeed", "env-configmap"}:
         recompute = (training.recompute,)
     micro = None
-    if {origins.get("micro_batch"), origins.get("grad_accum")} & {"deepspeed", "env-configmap"}:
+    fixed = {"env-configmap"} if inline else {"deepspeed", "env-configmap"}
+    if {origins.get("micro_batch"), origins.get("grad_accum")} & fixed:
         micro = (training.micro_batch,)
     return {"zero_stage": zero, "recompute": recompute, "micro_batch": micro}
 
@@ -204,8 +334,13 @@ def render(
         ok = _zero(w, change["zero_stage"][1])
     if not ok:
         return None
-    ops = [op for e in w.editors.values() for op in e.ops()] + w.env_ops
-    return ops, w.annotations
+    if w.ds_changed:
+        hit = w.src.deepspeed_inline
+        if hit is None or not w.set_flag(
+            frozenset({hit.flag}), json.dumps(w.ds, separators=(",", ":"))
+        ):
+            return None
+    return w.ops(), w.annotations
 
 
 def annotation_ops(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:

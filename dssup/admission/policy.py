@@ -16,14 +16,12 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-import orjson
-
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator, Leftovers
 from dssup.admission.memo import Versioned, carries_written, content, memo_key
-from dssup.admission.messages import breakdown, describe, gib, peak_terms
+from dssup.admission.messages import breakdown, describe, estimate_note, gib, peak_terms, unseen
 from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
 from dssup.admission.settings import PolicySettings
@@ -38,14 +36,18 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _estimate_note(ev: Evaluation, fits: bool) -> str:
-    note = {
-        "fits": fits,
-        "gpu": ev.gpu.product,
-        "peakGiB": gib(ev.est.peak_bytes),
-        "usableGiB": gib(ev.gpu.usable_bytes),
-    }
-    return orjson.dumps(note, option=orjson.OPT_SORT_KEYS).decode()
+def _estimate_note(ev: Evaluation) -> str:
+    assumed = unseen(ev.cfg.origins, ev.view.kind)
+    return estimate_note(ev.est.peak_bytes, ev.gpu, ev.cfg.training, ev.cfg.global_batch, assumed)
+
+
+def _unseen_warning(ev: Evaluation) -> tuple[str, ...]:
+    assumed = unseen(ev.cfg.origins, ev.view.kind)
+    if not assumed:
+        return ()
+    return (
+        f"dssup: {', '.join(assumed)} taken from job annotations, which the pods do not see"[:120],
+    )
 
 
 def _fits_message(ev: Evaluation) -> str:
@@ -177,7 +179,7 @@ class Policy:
     def _fits_patch(self, obj: Mapping[str, Any], ev: Evaluation) -> Decision:
         """The mutating webhook's answer to a fit: the estimate annotation (read from ``obj``:
         the patch adds to what it already holds)."""
-        note = self._per_config(ev, "note", lambda: _estimate_note(ev, True))
+        note = self._per_config(ev, "note", lambda: _estimate_note(ev))
         ops = annotation_ops(obj, {ann.ESTIMATE: note})
         return self._fit(ev, _fits_message(ev), patch=tuple(ops))
 
@@ -185,7 +187,7 @@ class Policy:
         """The validating (or warning) answer to a fit: reads only the judged config."""
         msg = _fits_message(ev)
         notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
-        return self._fit(ev, msg, warnings=(*notes, msg[:120]))
+        return self._fit(ev, msg, warnings=(*notes, *_unseen_warning(ev), msg[:120]))
 
     def _fit(self, ev: Evaluation, message: str, **answer: Any) -> Decision:
         """What every answer to a fit holds (message, audit, breakdown), plus ``answer``: the

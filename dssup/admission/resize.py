@@ -16,14 +16,16 @@ from typing import Any
 
 from dssup.admission import annotations as ann
 from dssup.admission.applypatch import PatchError, apply_ops
-from dssup.admission.config import Incomplete, resolve
+from dssup.admission.cache import ClusterCache
+from dssup.admission.config import resolve
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
 from dssup.admission.flags import LAUNCHER
+from dssup.admission.gpuid import downward_annotations
 from dssup.admission.kinds import normalise
-from dssup.admission.messages import gib, knobs
-from dssup.admission.patch import Change, annotation_ops, expressible, render
+from dssup.admission.messages import estimate_note, gib, knobs, unseen
+from dssup.admission.patch import KNOB_ANNOTATIONS, Change, annotation_ops, expressible, render
 from dssup.admission.settings import PolicySettings
-from dssup.admission.source import read_sources
+from dssup.admission.source import Incomplete, read_sources
 from dssup.admission.view import PodSetView
 from dssup.admission.wire import copy_json
 from dssup.errors import ConfigError
@@ -109,22 +111,75 @@ def _change(ev: Evaluation, cand: Candidate) -> Change | None:
     return change
 
 
+def _pods_view(patched: dict[str, Any]) -> dict[str, Any]:
+    """``patched`` without the job-level knob annotations the pods cannot see (a bare Pod
+    keeps those its containers read through the downward API)."""
+    meta = patched.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(annotations, dict):
+        return patched
+    keep: frozenset[str] = frozenset()
+    if patched.get("kind") == "Pod":
+        spec = patched.get("spec")
+        keep = downward_annotations(spec if isinstance(spec, dict) else {})
+    for key in KNOB_ANNOTATIONS:
+        if key not in keep and "*" not in keep:
+            annotations.pop(key, None)
+    return patched
+
+
 def _verify(
     obj: Mapping[str, Any],
     ops: list[dict[str, Any]],
     ev: Evaluation,
     cand: Candidate,
     evaluator: Evaluator,
+    change: Change,
 ) -> bool:
-    """Re-read the patched object: it must state exactly the candidate and the same global batch."""
+    """Re-read the patched object: it must state exactly the candidate and the same global
+    batch; and what the pods see (the object without job-level knob annotations) must carry
+    every changed knob's new value and the same global batch."""
+    want = (cand.layout, cand.training, ev.cfg.global_batch)
     try:
         patched = apply_ops(copy_json(obj), ops)
         view = normalise(patched, evaluator.cache, ev.view.namespace)
         cfg = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
+        if (cfg.layout, cfg.training, cfg.global_batch) != want:
+            return False
+        view = normalise(_pods_view(patched), evaluator.cache, ev.view.namespace)
+        seen = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
     except (PatchError, ConfigError, Incomplete):
         return False
-    want = (cand.layout, cand.training, ev.cfg.global_batch)
-    return (cfg.layout, cfg.training, cfg.global_batch) == want
+    knobs = set(change) | ({"grad_accum"} if "micro_batch" in change else set())
+    return seen.global_batch == ev.cfg.global_batch and all(
+        getattr(seen.training, k) == getattr(cand.training, k) for k in knobs
+    )
+
+
+_KNOB_ANNOTATION = {
+    "micro_batch": ann.MICRO_BATCH,
+    "recompute": ann.RECOMPUTE,
+    "zero_stage": ann.ZERO_STAGE,
+    "grad_accum": None,
+}
+
+
+def _settings(ev: Evaluation, change: Change, cache: ClusterCache) -> str:
+    """Each changed knob as the setting that states it and the value that would fit."""
+    parts = []
+    for knob, (_, new) in change.items():
+        try:
+            found = ev.src.lookup(knob, _KNOB_ANNOTATION[knob], cache)
+        except Incomplete:
+            found = None
+        where = found.where if found is not None else f"the {knob.replace('_', ' ')}"
+        unseen = (
+            " (a job annotation the pods do not see)"
+            if found is not None and found.origin == "annotation" and ev.view.kind != "Pod"
+            else ""
+        )
+        parts.append(f"{where}={new}{unseen}")
+    return ", ".join(parts)
 
 
 def _words(change: Change) -> str:
@@ -146,14 +201,9 @@ class _Scale:
     gpus: int
 
 
-def _note(est: Estimate, ev: Evaluation) -> str:
-    doc = {
-        "peakGiB": gib(est.peak_bytes),
-        "usableGiB": gib(ev.gpu.usable_bytes),
-        "gpu": ev.gpu.product,
-        "fits": True,
-    }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+def _note(est: Estimate, ev: Evaluation, cand: Candidate) -> str:
+    assumed = unseen(ev.cfg.origins, ev.view.kind)
+    return estimate_note(est.peak_bytes, ev.gpu, cand.training, ev.cfg.global_batch, assumed)
 
 
 def _attempt(
@@ -181,7 +231,7 @@ def _attempt(
     world = ev.view.world_size
     if scale is not None:
         ops = ops + [{"op": "add", "path": p, "value": scale.units} for p in scale.ps.scale_paths]
-    values = {**values, ann.ESTIMATE: _note(est, ev)}
+    values = {**values, ann.ESTIMATE: _note(est, ev, cand)}
     new_world = scale.gpus if scale else None
     values[ann.RESIZED_FROM] = json.dumps(
         knobs(ev.cfg.training, world if scale else None), separators=(",", ":"), sort_keys=True
@@ -190,7 +240,7 @@ def _attempt(
         knobs(cand.training, new_world), separators=(",", ":"), sort_keys=True
     )
     patch = ops + annotation_ops(obj, values)
-    if not _verify(obj, patch, ev, cand, evaluator):
+    if not _verify(obj, patch, ev, cand, evaluator, change):
         return None
     words = _words(change)
     if scale is not None:
@@ -270,8 +320,8 @@ def find_resize(
             None,
             ev.est,
             cand.peak_bytes,
-            f"closest fitting config: {words} (peak {gib(cand.peak_bytes)} GiB); "
-            "change it in the job (dssup cannot rewrite where it is stated)",
+            f"closest fitting config: {words} (peak {gib(cand.peak_bytes)} GiB); set "
+            f"{_settings(ev, change, evaluator.cache)} (dssup cannot change it where the pods would see it)",
             words,
         )
     closest = res.closest

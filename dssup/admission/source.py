@@ -18,14 +18,22 @@ from dssup.admission import annotations as ann
 from dssup.admission.argv import MAX_SCRIPT, Hit, find_launch
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES, all_names
-from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView
-from dssup.errors import ConfigError
+from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView, annotation_ref
+from dssup.errors import ConfigError, DssupError
 
-__all__ = ["Found", "Sources", "config_key", "positive", "read_sources", "switch"]
+__all__ = ["Found", "Incomplete", "Sources", "config_key", "positive", "read_sources", "switch"]
 
 _ALL = all_names()
 _FLAG_TABLES = (("megatron", MEGATRON), ("hf", HF))
 _FLAG_KNOBS = frozenset(MEGATRON) | frozenset(HF)
+
+
+class Incomplete(DssupError):
+    """The job does not state enough to be judged; ``missing`` says what to add."""
+
+    def __init__(self, missing: list[str]) -> None:
+        self.missing = missing
+        super().__init__("; ".join(missing))
 
 
 class Found(NamedTuple):
@@ -47,7 +55,7 @@ class Sources:
     deepspeed: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    _envs: dict[str, EnvVar] | None = None
+    _envs: dict[str, tuple[PodSetView, EnvVar]] | None = None
     _by_knob: Mapping[str, Found] = field(default_factory=dict)
     launch: tuple[
         tuple[tuple[str, ...], tuple[str, ...]], ...
@@ -61,8 +69,8 @@ class Sources:
 
     def literal_env(self, name: str) -> str | None:
         """A literal env value of the GPU containers (the first container stating it)."""
-        var = self._env_index().get(name)
-        return var.value if var is not None else None
+        found = self._env_index().get(name)
+        return found[1].value if found is not None else None
 
     def flag(self, names: frozenset[str]) -> Hit | None:
         return _first(self.flags, names)
@@ -70,12 +78,12 @@ class Sources:
     def has(self, names: frozenset[str]) -> bool:
         return any(self.flags.get(n) for n in names)
 
-    def _env_index(self) -> dict[str, EnvVar]:
+    def _env_index(self) -> dict[str, tuple[PodSetView, EnvVar]]:
         if self._envs is None:
             self._envs = {}
-            for _, c in self.containers:
+            for ps, c in self.containers:
                 for var in c.env:
-                    self._envs.setdefault(var.name, var)
+                    self._envs.setdefault(var.name, (ps, var))
         return self._envs
 
     def env(self, knob: str, cache: ClusterCache) -> Found | None:
@@ -83,18 +91,23 @@ class Sources:
         if not index:
             return None
         for name in ENV.get(knob, ()):
-            var = index.get(name)
-            if var is not None:
-                if var.value is not None:
-                    return Found(var.value, "env", f"env {var.name}")
-                if var.config_map:
-                    data = cache.config_map(self.view.namespace, var.config_map[0])
-                    if data is None:
-                        self.warnings.append(
-                            f"cache miss: ConfigMap {var.config_map[0]} for env {var.name}"
-                        )
-                    elif var.config_map[1] in data:
-                        return Found(data[var.config_map[1]], "env-configmap", f"env {var.name}")
+            found = index.get(name)
+            if found is None:
+                continue
+            ps, var = found
+            if var.value is not None:
+                return Found(var.value, "env", f"env {var.name}")
+            key = annotation_ref(var.field_ref)
+            if key is not None and key in ps.annotations:
+                return Found(ps.annotations[key], "downward", f"env {var.name} (annotation {key})")
+            if var.config_map:
+                data = cache.config_map(self.view.namespace, var.config_map[0])
+                if data is None:
+                    raise Incomplete(
+                        [f"cache miss: ConfigMap {var.config_map[0]} for env {var.name}"]
+                    )
+                if var.config_map[1] in data:
+                    return Found(data[var.config_map[1]], "env-configmap", f"env {var.name}")
         return None
 
     def lookup(self, knob: str, annotation: str | None, cache: ClusterCache) -> Found | None:

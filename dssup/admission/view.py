@@ -12,10 +12,19 @@ times as much to construct.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-__all__ = ["ContainerView", "EnvVar", "JobView", "PodSetView", "escape"]
+__all__ = ["ContainerView", "EnvVar", "JobView", "PodSetView", "annotation_ref", "escape"]
+
+_ANNOTATION_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
+
+
+def annotation_ref(field_path: str | None) -> str | None:
+    """The annotation a downward-API ``fieldRef`` path reads, if it reads one."""
+    m = _ANNOTATION_REF.match(field_path) if field_path else None
+    return m.group(1) if m else None
 
 
 def escape(token: str) -> str:

@@ -20,7 +20,7 @@ EXPECTED = {  # fixture -> (validate code, mutate code, world size)
     "pytorchjob-dsv3-resize.yaml": ("predicted-oom", "resized", 2048),
     "trainjob-qwen2-hf.yaml": ("predicted-oom", "resized", 16),
     "jobset-llama70b.yaml": ("fits", "fits", 64),
-    "job-annotations.yaml": ("predicted-oom", "resized", 16),
+    "job-annotations.yaml": ("predicted-oom", "predicted-oom", 16),
     "pod-shell.yaml": ("predicted-oom", "resized", 8),
     "job-deepspeed.yaml": ("no-feasible-plan", "no-feasible-plan", 4),
     "job-cpu.yaml": ("not-applicable", "not-applicable", 0),
