@@ -57,12 +57,18 @@ _ORIGIN_KNOBS = {
 }
 
 
-def unseen(origins: dict[str, str], kind: str) -> tuple[str, ...]:
-    """Knobs read from job-level ``dssup.io/`` annotations, which the pods do not see (a bare
-    Pod's annotations are its own)."""
+def unseen(
+    origins: dict[str, str], kind: str, seen: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """Knobs read from job-level ``dssup.io/`` annotations that the pods do not see (a bare
+    Pod's annotations are its own); ``seen``: knobs the pods' own view states alike."""
     if kind == "Pod":
         return ()
-    return tuple(name for knob, name in _ORIGIN_KNOBS.items() if origins.get(knob) == "annotation")
+    return tuple(
+        name
+        for knob, name in _ORIGIN_KNOBS.items()
+        if origins.get(knob) == "annotation" and knob not in seen
+    )
 
 
 def estimate_note(

@@ -27,7 +27,13 @@ from dssup.admission.view import ContainerView, PodSetView, annotation_ref, esca
 
 __all__ = ["KNOB_ANNOTATIONS", "Change", "annotation_ops", "render", "speaks_contract"]
 
-KNOB_ANNOTATIONS = (ann.MICRO_BATCH, ann.GLOBAL_BATCH, ann.RECOMPUTE, ann.ZERO_STAGE)
+KNOB_ANNOTATIONS = (
+    ann.MICRO_BATCH,
+    ann.GLOBAL_BATCH,
+    ann.SEQ_LENGTH,
+    ann.RECOMPUTE,
+    ann.ZERO_STAGE,
+)
 _CONTRACT_ENV = {
     "micro_batch": "DSSUP_MICRO_BATCH_SIZE",
     "global_batch": "DSSUP_GLOBAL_BATCH_SIZE",
@@ -221,7 +227,6 @@ def _micro(w: _Writer, new: int) -> bool:
         return w.append(_MEGATRON_ANY, ["--micro-batch-size", v])
     if w.style == "hf":
         return w.append(_HF_ANY, ["--per_device_train_batch_size", v])
-    w.annotations[ann.MICRO_BATCH] = v
     return w.set_contract_env("micro_batch", v)
 
 
@@ -240,7 +245,6 @@ def _keep_global(w: _Writer, global_batch: int, stated: bool, accum: int) -> boo
         return True
     if w.style == "megatron":
         return w.append(_MEGATRON_ANY, ["--global-batch-size", str(global_batch)])
-    w.annotations[ann.GLOBAL_BATCH] = str(global_batch)
     return w.set_contract_env("global_batch", str(global_batch))
 
 
@@ -255,7 +259,6 @@ def _recompute(w: _Writer, old: str, new: str) -> bool:
             return w.set_flag(names, "true") or w.append(_HF_ANY, ["--gradient_checkpointing"])
         return all(e.remove(names) for e in w.editors.values())
     if w.style != "megatron":
-        w.annotations[ann.RECOMPUTE] = new
         found, ok = w.set_env("recompute", new)
         return ok and (found or w.set_contract_env("recompute", new))
     drop = MEGATRON["recompute"] | MEGATRON["recompute_method"] | MEGATRON["recompute_layers"]
@@ -280,7 +283,6 @@ def _zero(w: _Writer, new: int) -> bool:
             return w.src.has(names) or w.append(_MEGATRON_ANY, ["--use-distributed-optimizer"])
         return all(e.remove(names) for e in w.editors.values())
     if w.style == "annotation":
-        w.annotations[ann.ZERO_STAGE] = str(new)
         return w.set_contract_env("zero_stage", str(new))
     return False
 

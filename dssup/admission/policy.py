@@ -25,6 +25,8 @@ from dssup.admission.messages import breakdown, describe, estimate_note, gib, pe
 from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
 from dssup.admission.settings import PolicySettings
+from dssup.admission.source import Incomplete
+from dssup.admission.visible import pods_config, seen_knobs
 from dssup.admission.wire import AdmissionRequest
 from dssup.errors import ConfigError
 from dssup.memory import Estimate, Layout, Training
@@ -36,13 +38,23 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _estimate_note(ev: Evaluation) -> str:
+def _assumed(obj: Mapping[str, Any], ev: Evaluation, cache: ClusterCache) -> tuple[str, ...]:
+    """Knobs the judged config took from job annotations the pods do not see."""
     assumed = unseen(ev.cfg.origins, ev.view.kind)
+    if not assumed:
+        return ()
+    try:
+        seen = pods_config(obj, cache, ev.view.namespace)
+    except (ConfigError, Incomplete):
+        return assumed
+    return unseen(ev.cfg.origins, ev.view.kind, seen_knobs(ev.cfg, seen))
+
+
+def _estimate_note(ev: Evaluation, assumed: tuple[str, ...]) -> str:
     return estimate_note(ev.est.peak_bytes, ev.gpu, ev.cfg.training, ev.cfg.global_batch, assumed)
 
 
-def _unseen_warning(ev: Evaluation) -> tuple[str, ...]:
-    assumed = unseen(ev.cfg.origins, ev.view.kind)
+def _unseen_warning(assumed: tuple[str, ...]) -> tuple[str, ...]:
     if not assumed:
         return ()
     return (
@@ -167,7 +179,7 @@ class Policy:
         if mode == "mutate":
             return self._fits_patch(obj, ev)
         # A fresh job of a known config (new name, new run id) gets the answer already built.
-        return self._per_config(ev, mode, lambda: self._fits(ev, mode))
+        return self._per_config(ev, mode, lambda: self._fits(obj, ev, mode))
 
     def _per_config(self, ev: Evaluation, what: str, make: Callable[[], T]) -> T:
         """``make()``, remembered as ``what`` under the evaluation's config key when it has one:
@@ -179,15 +191,18 @@ class Policy:
     def _fits_patch(self, obj: Mapping[str, Any], ev: Evaluation) -> Decision:
         """The mutating webhook's answer to a fit: the estimate annotation (read from ``obj``:
         the patch adds to what it already holds)."""
-        note = self._per_config(ev, "note", lambda: _estimate_note(ev))
+        cache = self.evaluator.cache
+        note = self._per_config(ev, "note", lambda: _estimate_note(ev, _assumed(obj, ev, cache)))
         ops = annotation_ops(obj, {ann.ESTIMATE: note})
         return self._fit(ev, _fits_message(ev), patch=tuple(ops))
 
-    def _fits(self, ev: Evaluation, mode: Mode) -> Decision:
-        """The validating (or warning) answer to a fit: reads only the judged config."""
+    def _fits(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
+        """The validating (or warning) answer to a fit: reads only the judged config (what the
+        pods see of it is a function of the same launch lines and annotations)."""
         msg = _fits_message(ev)
         notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
-        return self._fit(ev, msg, warnings=(*notes, *_unseen_warning(ev), msg[:120]))
+        unseen_note = _unseen_warning(_assumed(obj, ev, self.evaluator.cache))
+        return self._fit(ev, msg, warnings=(*notes, *unseen_note, msg[:120]))
 
     def _fit(self, ev: Evaluation, message: str, **answer: Any) -> Decision:
         """What every answer to a fit holds (message, audit, breakdown), plus ``answer``: the

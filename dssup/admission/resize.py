@@ -17,16 +17,16 @@ from typing import Any
 from dssup.admission import annotations as ann
 from dssup.admission.applypatch import PatchError, apply_ops
 from dssup.admission.cache import ClusterCache
-from dssup.admission.config import resolve
+from dssup.admission.config import JobConfig, resolve
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
 from dssup.admission.flags import LAUNCHER
-from dssup.admission.gpuid import downward_annotations
 from dssup.admission.kinds import normalise
 from dssup.admission.messages import estimate_note, gib, knobs, unseen
-from dssup.admission.patch import KNOB_ANNOTATIONS, Change, annotation_ops, expressible, render
+from dssup.admission.patch import Change, annotation_ops, expressible, render
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import Incomplete, read_sources
 from dssup.admission.view import PodSetView
+from dssup.admission.visible import pods_config, seen_knobs
 from dssup.admission.wire import copy_json
 from dssup.errors import ConfigError
 from dssup.memory import Candidate, Estimate, Layout, PlanRequest, PlanResult, plan
@@ -51,10 +51,15 @@ class Resize:
     short: str
 
 
-def _plan(ev: Evaluation, settings: PolicySettings, layout: Layout | None = None) -> PlanResult:
+def _plan(
+    ev: Evaluation, settings: PolicySettings, layout: Layout | None = None, *, free: bool = False
+) -> PlanResult:
+    """Fitting configs the job's statements can express (``free``: any, for advice)."""
     cfg = ev.cfg
     layout = layout or cfg.layout
     allowed = expressible(ev.src, cfg.origins, cfg.training)
+    if free:
+        allowed = {k: None for k in allowed}
     recompute = allowed["recompute"] or ("none", "selective", "full")
     zero = allowed["zero_stage"] or (0, 1, 2, 3)
     if not settings.allow_recompute:
@@ -111,23 +116,6 @@ def _change(ev: Evaluation, cand: Candidate) -> Change | None:
     return change
 
 
-def _pods_view(patched: dict[str, Any]) -> dict[str, Any]:
-    """``patched`` without the job-level knob annotations the pods cannot see (a bare Pod
-    keeps those its containers read through the downward API)."""
-    meta = patched.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    if not isinstance(annotations, dict):
-        return patched
-    keep: frozenset[str] = frozenset()
-    if patched.get("kind") == "Pod":
-        spec = patched.get("spec")
-        keep = downward_annotations(spec if isinstance(spec, dict) else {})
-    for key in KNOB_ANNOTATIONS:
-        if key not in keep and "*" not in keep:
-            annotations.pop(key, None)
-    return patched
-
-
 def _verify(
     obj: Mapping[str, Any],
     ops: list[dict[str, Any]],
@@ -135,25 +123,26 @@ def _verify(
     cand: Candidate,
     evaluator: Evaluator,
     change: Change,
-) -> bool:
+) -> tuple[JobConfig, JobConfig] | None:
     """Re-read the patched object: it must state exactly the candidate and the same global
     batch; and what the pods see (the object without job-level knob annotations) must carry
-    every changed knob's new value and the same global batch."""
+    every changed knob's new value and the same global batch. Returns the patched object's
+    config (its origins say what stays on the job's word), or None."""
     want = (cand.layout, cand.training, ev.cfg.global_batch)
     try:
         patched = apply_ops(copy_json(obj), ops)
         view = normalise(patched, evaluator.cache, ev.view.namespace)
         cfg = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
         if (cfg.layout, cfg.training, cfg.global_batch) != want:
-            return False
-        view = normalise(_pods_view(patched), evaluator.cache, ev.view.namespace)
-        seen = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
+            return None
+        seen = pods_config(patched, evaluator.cache, ev.view.namespace)
     except (PatchError, ConfigError, Incomplete):
-        return False
-    knobs = set(change) | ({"grad_accum"} if "micro_batch" in change else set())
-    return seen.global_batch == ev.cfg.global_batch and all(
-        getattr(seen.training, k) == getattr(cand.training, k) for k in knobs
+        return None
+    changed = set(change) | ({"grad_accum"} if "micro_batch" in change else set())
+    visible = seen.global_batch == ev.cfg.global_batch and all(
+        getattr(seen.training, k) == getattr(cand.training, k) for k in changed
     )
+    return (cfg, seen) if visible else None
 
 
 _KNOB_ANNOTATION = {
@@ -201,11 +190,6 @@ class _Scale:
     gpus: int
 
 
-def _note(est: Estimate, ev: Evaluation, cand: Candidate) -> str:
-    assumed = unseen(ev.cfg.origins, ev.view.kind)
-    return estimate_note(est.peak_bytes, ev.gpu, cand.training, ev.cfg.global_batch, assumed)
-
-
 def _attempt(
     obj: Mapping[str, Any],
     ev: Evaluation,
@@ -231,17 +215,22 @@ def _attempt(
     world = ev.view.world_size
     if scale is not None:
         ops = ops + [{"op": "add", "path": p, "value": scale.units} for p in scale.ps.scale_paths]
-    values = {**values, ann.ESTIMATE: _note(est, ev, cand)}
     new_world = scale.gpus if scale else None
+    values = dict(values)
     values[ann.RESIZED_FROM] = json.dumps(
         knobs(ev.cfg.training, world if scale else None), separators=(",", ":"), sort_keys=True
     )
     values[ann.RESIZED_TO] = json.dumps(
         knobs(cand.training, new_world), separators=(",", ":"), sort_keys=True
     )
-    patch = ops + annotation_ops(obj, values)
-    if not _verify(obj, patch, ev, cand, evaluator, change):
+    verified = _verify(obj, ops + annotation_ops(obj, values), ev, cand, evaluator, change)
+    if verified is None:
         return None
+    assumed = unseen(verified[0].origins, ev.view.kind, seen_knobs(*verified))
+    values[ann.ESTIMATE] = estimate_note(
+        est.peak_bytes, ev.gpu, cand.training, ev.cfg.global_batch, assumed
+    )
+    patch = ops + annotation_ops(obj, values)
     words = _words(change)
     if scale is not None:
         words = ", ".join(w for w in (f"GPUs {world}->{scale.gpus}", words) if w)
@@ -312,6 +301,15 @@ def find_resize(
     grown = _grow(obj, ev, evaluator, settings)
     if grown is not None:
         return grown
+    if first is None:  # nothing expressible fits: is there a fit the job must make itself?
+        first = next(
+            (
+                (c, ch)
+                for c in _plan(ev, settings, free=True).candidates[:_TRIES]
+                if (ch := _change(ev, c))
+            ),
+            None,
+        )
     if first is not None:
         cand, change = first
         words = _words(change)
