@@ -146,14 +146,18 @@ def _model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
     found = _megatron_model(src)
     if found is not None:
         return found
-    ref = modelid.find_reference(src.value, src.literal_env, src.view.model_refs)
+    def flag(names: frozenset[str]) -> tuple[str, str] | None:
+        hit = src.flag(names)
+        return (hit.flag, hit.value) if hit is not None and hit.value else None
+
+    ref = modelid.find_reference(flag, src.literal_env, src.view.model_refs)
     if ref is None:
         raise Incomplete(
             ["the model: add annotation dssup.io/model (a preset or configmap:<name>/<key>)"]
         )
     known = modelid.known_model(ref.value)
     if known is None:
-        what = "a path" if modelid.hub_id(ref.value) is None else "a model without a shipped config"
+        what = modelid.describe(ref.value)
         raise Incomplete(
             [
                 f"the model: {ref.where} names {ref.value[:80]!r}, {what}; add annotation "

@@ -202,8 +202,8 @@ class Evaluator:
             what = "; ".join(unreadable)
             return _allow(
                 "config-incomplete",
-                f"not judged: GPU request not a number: {what}",
-                f"dssup: not judged: GPU request not a number ({what})",
+                f"not judged: a GPU request or replica count is not a number: {what}",
+                f"dssup: not judged: GPU request or replica count not a number ({what})",
             )
         return found
 

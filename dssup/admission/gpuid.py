@@ -140,10 +140,10 @@ def container_gpus(c: Mapping[str, Any], notes: list[str]) -> tuple[int, tuple[s
             if key in names:  # stated in limits: requests equal it (or are ignored)
                 continue
             n = _quantity(raw)
-            if n is None:
-                continue
-            if n < 0:
-                notes.append(f"unreadable: container {c.get('name', '?')} {key} {raw!r}")
+            if n is None or n < 0:
+                note = f"unreadable: container {c.get('name', '?')} {key} {raw!r}"
+                if note not in notes:
+                    notes.append(note)
                 continue
             names.append(key)
             total += n
@@ -207,7 +207,7 @@ def _instance(terms: list[list[tuple[str, str, tuple[str, ...]]]]) -> tuple[str,
     found: list[str] = []
     for label in INSTANCE_LABELS:
         for value in _labelled(terms, label):
-            v = value.strip().lower()
+            v = value.strip().lower().removeprefix("ml.")  # SageMaker HyperPod: ml.g5.8xlarge
             product = INSTANCE_GPUS.get(v) or INSTANCE_GPUS.get(v.split(".", 1)[0])
             if product and product not in found:
                 found.append(product)

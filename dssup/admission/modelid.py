@@ -25,6 +25,7 @@ __all__ = [
     "MODEL_ENV",
     "MODEL_FLAGS",
     "Reference",
+    "describe",
     "find_reference",
     "hub_id",
     "known_model",
@@ -119,20 +120,19 @@ def _torchtune(value: str) -> str | None:
 
 
 def find_reference(
-    flag: Callable[[frozenset[str]], str | None],
+    flag: Callable[[frozenset[str]], tuple[str, str] | None],
     env: Callable[[str], str | None],
     kind_refs: tuple[tuple[str, str], ...],
 ) -> Reference | None:
     """The job's first model statement: flags, then torchtune configs, then what the kind
-    states (a TrainJob's initializer), then env vars. ``flag(names)`` gives the value of the
-    last occurrence of any of ``names`` (last wins, as argparse), ``env(name)`` a literal."""
-    for names, where in ((MODEL_FLAGS, "flag"),):
-        value = flag(names)
-        if value:
-            return Reference(value, where)
-    value = flag(TORCHTUNE_CONFIG)
-    if value and (hub := _torchtune(value)):
-        return Reference(hub, f"torchtune config {value}")
+    states (a TrainJob's initializer), then env vars. ``flag(names)`` gives (flag, value) of
+    the last occurrence of any of ``names`` (last wins, as argparse), ``env(name)`` a literal."""
+    found = flag(MODEL_FLAGS)
+    if found:
+        return Reference(found[1], found[0])
+    found = flag(TORCHTUNE_CONFIG)
+    if found and (hub := _torchtune(found[1])):
+        return Reference(hub, f"torchtune config {found[1]}")
     for where, value in kind_refs:
         return Reference(value, where)
     for name in MODEL_ENV:
@@ -140,6 +140,18 @@ def find_reference(
         if value:
             return Reference(value, f"env {name}")
     return None
+
+
+def describe(ref: str) -> str:
+    """Why a reference names no model dssup knows, in a few words."""
+    text = ref.strip()
+    if "$" in text or "{{" in text:
+        return "an unrendered template variable"
+    if text.startswith(("/", ".", "~")) or "://" in text.replace("hf://", ""):
+        return "a path dssup cannot read"
+    if hub_id(text) is None:
+        return "not a Hugging Face Hub id"
+    return "a model whose config.json dssup does not ship"
 
 
 def known_model(ref: str) -> tuple[ModelSpec, str] | None:
