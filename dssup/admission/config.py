@@ -146,6 +146,7 @@ def _model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
     found = _megatron_model(src)
     if found is not None:
         return found
+
     def flag(names: frozenset[str]) -> tuple[str, str] | None:
         hit = src.flag(names)
         return (hit.flag, hit.value) if hit is not None and hit.value else None
