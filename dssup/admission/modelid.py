@@ -133,12 +133,13 @@ def find_reference(
     found = flag(TORCHTUNE_CONFIG)
     if found and (hub := _torchtune(found[1])):
         return Reference(hub, f"torchtune config {found[1]}")
-    for where, value in kind_refs:
+    if kind_refs:
+        where, value = kind_refs[0]
         return Reference(value, where)
     for name in MODEL_ENV:
-        value = env(name)
-        if value:
-            return Reference(value, f"env {name}")
+        text = env(name)
+        if text:
+            return Reference(text, f"env {name}")
     return None
 
 
