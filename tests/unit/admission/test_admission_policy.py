@@ -389,3 +389,31 @@ def test_cache_replace_all_and_delete():
     assert cache.config_map("team-a", "ds-config") is not None
     cache.delete("ConfigMap", "team-a", "ds-config")
     assert cache.config_map("team-a", "ds-config") is None
+
+
+def test_missing_deepspeed_configmap_answers_cache_miss_through_the_webhook():
+    """The server's path (AdmissionReview bytes in and out): a ZeRO job whose DeepSpeed
+    ConfigMap is not in the watch cache is allowed with cache-miss on every webhook path."""
+    from dssup.admission import Adapter
+
+    cache = cluster_cache()
+    cache.delete("ConfigMap", "team-a", "ds-config")
+    adapter = Adapter(Policy(cache))
+    for path in ("mutate", "validate", "warn"):
+        status, body = adapter.handle(path, json.dumps(review(load("job-deepspeed.yaml"))).encode())
+        resp = json.loads(body)["response"]
+        assert status == 200 and resp["allowed"] is True and "patch" not in resp
+        assert resp["warnings"][0].startswith("dssup: not judged: cache miss: ConfigMap ds-config")
+    cache.upsert(
+        next(d for d in cluster_docs_of("ConfigMap") if d["metadata"]["name"] == "ds-config")
+    )
+    status, body = adapter.handle(
+        "validate", json.dumps(review(load("job-deepspeed.yaml"))).encode()
+    )
+    assert json.loads(body)["response"]["allowed"] is False  # judged once the ConfigMap arrives
+
+
+def cluster_docs_of(kind):
+    from admission_helpers import cluster_docs
+
+    return [d for d in cluster_docs() if d["kind"] == kind]
