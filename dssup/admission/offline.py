@@ -89,7 +89,9 @@ def load_documents(texts: Iterable[str]) -> list[dict[str, Any]]:
             if not isinstance(kind, str):
                 raise ConfigError("-f", f"a document's kind is {kind!r}, not a name", "fix kind")
             items = doc.get("items") if kind.endswith("List") else [doc]
-            docs.extend(i for i in (items if isinstance(items, list) else []) if isinstance(i, dict))
+            docs.extend(
+                i for i in (items if isinstance(items, list) else []) if isinstance(i, dict)
+            )
     return docs
 
 
@@ -174,9 +176,10 @@ def admit(
                 f"does not match {configmap_selector!r}: the webhook would not see it; not used"
             )
         elif kind in _CLUSTER_KINDS:
-            if kind == "ConfigMap" and not _meta(doc).get("namespace"):
-                doc = {**doc, "metadata": {**_meta(doc), "namespace": namespace}}
-            cache.upsert(doc)
+            named = kind != "ConfigMap" or _meta(doc).get("namespace")
+            cache.upsert(
+                doc if named else {**doc, "metadata": {**_meta(doc), "namespace": namespace}}
+            )
         elif identify(doc)[0] is not None or kind in JOB_KINDS:
             jobs.append(doc)  # a job kind at a version dssup does not read is answered too
     if not jobs:

@@ -108,7 +108,9 @@ def _read(name: str, flag: str) -> str:
     try:
         data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
     except OSError as exc:
-        raise ConfigError(flag, f"cannot read {name}: {exc.strerror}", "pass a readable file") from None
+        raise ConfigError(
+            flag, f"cannot read {name}: {exc.strerror}", "pass a readable file"
+        ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
