@@ -20,6 +20,7 @@ from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator, Leftovers
+from dssup.admission.kinds import suspended
 from dssup.admission.memo import Versioned, carries_written, content, memo_key
 from dssup.admission.messages import breakdown, describe, estimate_note, gib, peak_terms, unseen
 from dssup.admission.patch import annotation_ops
@@ -128,6 +129,20 @@ class Policy:
             )
         decision = self.judge(req.obj, req.namespace, mode)
         if not decision.allowed and req.operation == "UPDATE" and req.old_obj is not None:
+            if suspended(req.old_obj) and not suspended(req.obj):
+                # Kueue admits a job by injecting its flavor's node selector and unsuspending
+                # it: the GPU becomes known only now, after quota was reserved. Warn, never a
+                # late denial that lands on Kueue's controller.
+                return decision.model_copy(
+                    update={
+                        "allowed": True,
+                        "warnings": (
+                            decision.message[:240],
+                            "dssup: allowed: the GPU became known when the job was unsuspended "
+                            "(Kueue); dssup warns at unsuspend, it does not deny",
+                        ),
+                    }
+                )
             before = self.judge(req.old_obj, req.namespace, mode)
             if not before.allowed:
                 return decision.model_copy(

@@ -417,3 +417,30 @@ def cluster_docs_of(kind):
     from admission_helpers import cluster_docs
 
     return [d for d in cluster_docs() if d["kind"] == kind]
+
+
+def test_kueue_create_suspended_then_unsuspend_with_the_flavor_warns():
+    """Kueue creates the job suspended without a GPU selector (judged: unknown GPU, allowed),
+    then injects the ResourceFlavor's node selector and unsuspends it with an UPDATE: the job
+    that does not fit gets a warning, never a late denial on Kueue's controller."""
+    from dssup.admission import Adapter
+
+    created = load("pytorchjob-dsv3-resize.yaml")
+    created["spec"]["runPolicy"] = {"suspend": True}
+    for r in created["spec"]["pytorchReplicaSpecs"].values():
+        del r["template"]["spec"]["nodeSelector"]
+    adapter = Adapter(Policy(cluster_cache()))
+
+    def answer(path, obj, op="CREATE", old=None):
+        body = json.dumps(review(obj, op, old=old)).encode()
+        return json.loads(adapter.handle(path, body)[1])["response"]
+
+    assert answer("validate", created)["allowed"] is True  # unknown GPU at CREATE
+    admitted = copy.deepcopy(created)
+    admitted["spec"]["runPolicy"]["suspend"] = False
+    for r in admitted["spec"]["pytorchReplicaSpecs"].values():
+        r["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    resp = answer("validate", admitted, "UPDATE", created)
+    assert resp["allowed"] is True
+    assert "predicted" in resp["warnings"][0] and "unsuspended (Kueue)" in resp["warnings"][1]
+    assert answer("validate", admitted, "CREATE")["allowed"] is False  # a plain CREATE is denied
