@@ -13,6 +13,7 @@ products, so such a job costs only its reading (normalise, sources, key), not th
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple, TypeVar
@@ -57,23 +58,27 @@ class Leftovers:
 
 
 class LRU:
-    """A small least-recently-used map (OrderedDict; no locks: one event loop thread).
-    Evicted entries go to ``leftovers`` when given (freed after the answer is written)."""
+    """A small least-recently-used map (OrderedDict). Large reviews are judged on a worker
+    thread while the event loop answers small ones, so reads and writes take a lock (held
+    only for the dict operations, never while a value is computed). Evicted entries go to
+    ``leftovers`` when given (freed after the answer is written)."""
 
     def __init__(self, size: int, leftovers: Leftovers | None = None) -> None:
         self.size = size
         self._data: OrderedDict[Hashable, Any] = OrderedDict()
         self._leftovers = leftovers
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def get(self, key: Hashable) -> Any:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-            self.hits += 1
-        else:
-            self.misses += 1
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
         return value
 
     def remember(self, key: Hashable | None, make: Callable[[], T]) -> T:
@@ -94,12 +99,13 @@ class LRU:
     def put(self, key: Hashable, value: Any) -> None:
         if self.size <= 0:
             return
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.size:
-            evicted = self._data.popitem(last=False)
-            if self._leftovers is not None:
-                self._leftovers.keep(evicted)
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                evicted = self._data.popitem(last=False)
+                if self._leftovers is not None:
+                    self._leftovers.keep(evicted)
 
 
 class Judged(NamedTuple):

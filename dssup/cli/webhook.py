@@ -140,6 +140,20 @@ async def _serve(server: WebhookServer) -> None:
     help="Seconds not-ready before stopping on SIGTERM.",
 )
 @click.option(
+    "--read-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds a request's headers may take from its first byte, and its body after them.",
+)
+@click.option(
+    "--judge-deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Seconds after which a large review is allowed unjudged, with a warning.",
+)
+@click.option(
     "--config",
     "config",
     type=click.Path(exists=True, dir_okay=False),
@@ -176,6 +190,8 @@ def serve(
     health_port: int,
     max_body: str,
     drain: float,
+    read_timeout: float,
+    judge_deadline: float,
     config: str | None,
     cluster_file: str | None,
     kubeconfig: str | None,
@@ -194,6 +210,9 @@ def serve(
         health_port=health_port,
         max_body_bytes=parse_size(max_body, "--max-body"),
         drain_s=drain,
+        header_timeout_s=read_timeout,
+        body_timeout_s=read_timeout,
+        judge_deadline_s=judge_deadline,
     )
     store, watcher = _cache(cluster_file, kubeconfig, configmap_selector)
     metrics = PrometheusMetrics()
