@@ -149,15 +149,20 @@ class InMemoryCache:
         if gone is not None:
             self._generation += 1
 
-    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
-        """The result of a fresh LIST: build the new state aside, then swap it in (readers on
-        the event loop never see a half-filled cache)."""
+    def replace_all(
+        self, kind: str, objects: list[Mapping[str, Any]], namespace: str | None = None
+    ) -> None:
+        """The result of a fresh LIST (of one ``namespace`` when given): build the new state
+        aside, then swap it in (readers on the event loop never see a half-filled cache)."""
         fresh = InMemoryCache()
         for obj in objects:
             fresh.upsert({**obj, "kind": kind})
         if kind == "Node":
             self._nodes, self._gpu = fresh._nodes, None
             self._node_labels = fresh._node_labels
+        elif kind == "ConfigMap" and namespace is not None:
+            kept_cms = {k: v for k, v in self._config_maps.items() if k[0] != namespace}
+            self._config_maps = {**kept_cms, **fresh._config_maps}
         elif kind == "ConfigMap":
             self._config_maps = fresh._config_maps
         else:

@@ -68,7 +68,7 @@ def _settings(o: dict[str, Any], config: str | None, ctx: click.Context) -> Poli
 
 
 def _cache(
-    cluster_file: str | None, kubeconfig: str | None, selector: str
+    cluster_file: str | None, kubeconfig: str | None, selector: str, namespaces: tuple[str, ...]
 ) -> tuple[InMemoryCache, Any]:
     if cluster_file:
         store = InMemoryCache()
@@ -92,7 +92,9 @@ def _cache(
             "run in a pod, pass --kubeconfig, or use --cluster-file",
         ) from None
     store = InMemoryCache(synced=False)
-    watcher = KubeWatchCache(store, ApiClient(), config_map_selector=selector)
+    watcher = KubeWatchCache(
+        store, ApiClient(), config_map_selector=selector, config_map_namespaces=namespaces
+    )
     watcher.start()
     return store, watcher
 
@@ -178,6 +180,12 @@ async def _serve(server: WebhookServer) -> None:
     show_default=True,
     help="Label selector of the ConfigMaps to cache (model configs, DeepSpeed JSON).",
 )
+@click.option(
+    "--configmap-namespaces",
+    default="",
+    help="Comma-separated namespaces whose ConfigMaps are watched (each needs the Role of "
+    "examples/k8s/dssup-configmap-reader.yaml). Empty: all namespaces (needs a ClusterRole).",
+)
 @policy_options
 @click.pass_context
 def serve(
@@ -196,6 +204,7 @@ def serve(
     cluster_file: str | None,
     kubeconfig: str | None,
     configmap_selector: str,
+    configmap_namespaces: str,
     **o: Any,
 ) -> None:
     """Serve the admission webhook until SIGTERM."""
@@ -214,7 +223,8 @@ def serve(
         body_timeout_s=read_timeout,
         judge_deadline_s=judge_deadline,
     )
-    store, watcher = _cache(cluster_file, kubeconfig, configmap_selector)
+    namespaces = tuple(n.strip() for n in configmap_namespaces.split(",") if n.strip())
+    store, watcher = _cache(cluster_file, kubeconfig, configmap_selector, namespaces)
     metrics = PrometheusMetrics()
     policy = Policy(store, settings)
     metrics.track_caches(policy.cache_stats)
