@@ -179,7 +179,7 @@ def test_trainjob_model_initializer_names_the_model():
         initializer={"model": {"storageUri": "hf://meta-llama/Meta-Llama-3-8B"}},
         trainer={"numNodes": 1, "args": ["--max_seq_length", "2048"]},
     )
-    cfg, view = _config(tj)
+    cfg, _ = _config(tj)
     assert cfg.model.name == "llama-3-8b"
     assert any("inferred from spec.initializer.model.storageUri" in w for w in cfg.warnings)
 
