@@ -24,6 +24,7 @@ for _name in (
     "admit",
     "measure",
     "elastic",
+    "gpus",
 ):
     try:
         importlib.import_module(f"dssup.cli.{_name}")
