@@ -39,8 +39,8 @@ AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 _MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
 
-# Labels whose value names the machine; the value maps to a GFD product of the table in
-# dssup/admission/gpus.py. Instance types: AWS EC2, Azure (AKS), OCI shapes; accelerators: GKE.
+# Labels whose value names the machine; the value maps to a GFD (or AMD labeller) product of
+# dssup's one GPU table (dssup/memory/gpu_table.py; a test checks every product is there). Instance types: AWS EC2, Azure (AKS), OCI shapes; accelerators: GKE.
 INSTANCE_LABELS = (
     "node.kubernetes.io/instance-type",
     "beta.kubernetes.io/instance-type",
@@ -98,7 +98,7 @@ INSTANCE_GPUS: dict[str, str] = {
     "standard_nc80adis_h100_v5": "NVIDIA-H100-NVL",
     "standard_nc4as_t4_v3": "Tesla-T4",
     "standard_nc6s_v3": "Tesla-V100-PCIE-16GB",
-    "standard_nd96is_mi300x_v5": "AMD-Instinct-MI300X",
+    "standard_nd96is_mi300x_v5": "AMD_Instinct_MI300X_OAM",
     # OCI shapes
     "bm.gpu.a100-v2.8": "NVIDIA-A100-SXM4-80GB",
     "bm.gpu4.8": "NVIDIA-A100-SXM4-40GB",
@@ -107,7 +107,7 @@ INSTANCE_GPUS: dict[str, str] = {
     "bm.gpu.b200.8": "NVIDIA-B200",
     "bm.gpu.a10.4": "NVIDIA-A10",
     "bm.gpu.l40s.4": "NVIDIA-L40S",
-    "bm.gpu.mi300x.8": "AMD-Instinct-MI300X",
+    "bm.gpu.mi300x.8": "AMD_Instinct_MI300X_OAM",
 }
 
 
@@ -158,8 +158,8 @@ def _mig(containers: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
             block = res.get(field) if isinstance(res, Mapping) else None
             for key in block if isinstance(block, Mapping) else ():
                 m = _MIG_RESOURCE.match(str(key))
-                if m and f"NVIDIA-MIG-{m.group(1)}" not in found:
-                    found.append(f"NVIDIA-MIG-{m.group(1)}")
+                if m and m.group(1) not in found:
+                    found.append(m.group(1))
     return tuple(found)
 
 
@@ -221,9 +221,15 @@ def products(
     notes: list[str],
 ) -> tuple[str, ...]:
     """GPU products the pod may land on (the smallest of several counts)."""
+    found = _whole_gpus(pod, cache, notes)
     mig = _mig(containers)
-    if mig:
-        return mig
+    if mig:  # a MIG slice of the GPU the selector names (or of an unnamed GPU)
+        parents = [p for p in found if "-MIG-" not in p.upper()] or ["NVIDIA"]
+        return tuple(f"{parent}-MIG-{profile}" for parent in parents for profile in mig)
+    return found
+
+
+def _whole_gpus(pod: Mapping[str, Any], cache: ClusterCache, notes: list[str]) -> tuple[str, ...]:
     terms = node_terms(pod)
     named = _labelled(terms, GPU_PRODUCT_LABEL) or _labelled(terms, AMD_PRODUCT_LABEL)
     if named:

@@ -336,5 +336,19 @@ def test_mig_and_amd_resources():
         annotations={"dssup.io/model": "llama-2-7b"},
     )
     d = Policy(InMemoryCache()).judge(amd, "team-a", "validate")
-    # an AMD GPU whose memory dssup's table does not hold: named, not guessed
-    assert d.allowed and d.code == "unknown-gpu" and "AMD-Instinct-MI300X" in d.warnings[0]
+    assert d.code in {"fits", "predicted-oom", "no-feasible-plan"}
+    assert "AMD_Instinct_MI300X_OAM" in d.message  # the one GPU table's MI300X
+    a100 = copy.deepcopy(mig)
+    a100["spec"]["template"]["spec"]["nodeSelector"] = {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"
+    }
+    products = normalise(a100, CACHE, "team-a").pod_sets[0].gpu_products
+    assert products == ("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb",)
+
+
+def test_every_instance_map_product_is_in_the_gpu_table():
+    from dssup.admission.gpuid import INSTANCE_GPUS
+    from dssup.memory.gpus import gpu_for_product
+
+    missing = {p for p in INSTANCE_GPUS.values() if gpu_for_product(p) is None}
+    assert missing <= {"NVIDIA-RTX-PRO-6000"}, missing  # not in the table: answered unknown-gpu
