@@ -8,18 +8,16 @@ other raise ``ConfigError`` (the policy denies those in enforcing namespaces).
 
 from __future__ import annotations
 
-import json
-import re
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from dssup.admission import annotations as ann
-from dssup.admission import modelid
 from dssup.admission.cache import ClusterCache
-from dssup.admission.flags import HF, MEGATRON_MODEL, MEGATRON_TOKENIZER, SWITCHES
+from dssup.admission.flags import HF, SWITCHES
+from dssup.admission.model import job_model
 from dssup.admission.source import Found, Incomplete, Sources, positive, switch
 from dssup.errors import ConfigError
-from dssup.memory import Layout, ModelSpec, Precision, Training, model_from_hf_config, preset
+from dssup.memory import Layout, ModelSpec, Precision, Training
 
 __all__ = ["Incomplete", "JobConfig", "resolve"]
 
@@ -35,139 +33,6 @@ class JobConfig(NamedTuple):
     global_batch_stated: bool
     origins: dict[str, str]  # knob -> annotation|megatron|hf|...
     warnings: tuple[str, ...] = ()
-
-
-@lru_cache(maxsize=64)
-def _preset(name: str) -> ModelSpec:
-    return preset(name)
-
-
-@lru_cache(maxsize=256)
-def _hf_model(text: str, label: str) -> ModelSpec:
-    try:
-        cfg = json.loads(text)
-    except ValueError:
-        raise ConfigError(
-            ann.MODEL, f"{label} is not JSON", "store the model's config.json"
-        ) from None
-    return model_from_hf_config(cfg, name=label)
-
-
-def _model_from_annotation(src: Sources, cache: ClusterCache, value: str) -> tuple[ModelSpec, str]:
-    if not value.startswith("configmap:"):
-        return _preset(value), f"preset:{value.strip().lower()}"
-    name, _, key = value[len("configmap:") :].partition("/")
-    if not name or not key:
-        raise ConfigError(
-            ann.MODEL, f"{value!r} is not configmap:<name>/<key>", "name the ConfigMap and key"
-        )
-    data = cache.config_map(src.view.namespace, name)
-    if data is None:
-        raise Incomplete([f"cache miss: ConfigMap {name} (model config) not in the cache"])
-    if key not in data:
-        raise ConfigError(ann.MODEL, f"ConfigMap {name} has no key {key!r}", "use an existing key")
-    return _hf_model(
-        data[key], f"{name}/{key}"
-    ), f"cm:{src.view.namespace}/{name}/{key}:{hash(data[key])}"
-
-
-_FREQ = re.compile(r"^\(?\[0\]\*(\d+)\s*\+\s*\[1\]\*(\d+)\)?$")
-
-
-def _vocab(src: Sources) -> tuple[int, str] | None:
-    """The vocabulary a Megatron tokenizer implies, and a warning saying it was inferred."""
-    kind = src.value(MEGATRON_TOKENIZER["type"])
-    n = modelid.tokenizer_vocab(kind)
-    if n is not None:
-        return n, f"vocabulary {n} inferred from --tokenizer-type {kind}"
-    ref = src.value(MEGATRON_TOKENIZER["model"])
-    known = modelid.known_model(ref) if ref else None
-    if known is not None:
-        return known[0].vocab, f"vocabulary {known[0].vocab} inferred from --tokenizer-model {ref}"
-    return None
-
-
-def _megatron_model(src: Sources) -> tuple[ModelSpec, str] | None:
-    raw: dict[str, Any] = {}
-    for key, names in MEGATRON_MODEL.items():
-        hit = src.flag(names)
-        if hit is not None and hit.value is not None:
-            raw[key] = hit.value
-    if "num_hidden_layers" not in raw or "hidden_size" not in raw:
-        return None
-    cfg: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "moe_layer_freq":
-            m = _FREQ.match(value.replace(" ", ""))
-            if m:
-                cfg["first_k_dense_replace"] = int(m.group(1))
-            continue
-        if not (value.isascii() and value.isdigit()):
-            raise ConfigError(f"--{key}", f"{value!r} is not an integer", "use a whole number")
-        cfg[key] = int(value)
-    cfg.setdefault("intermediate_size", 4 * cfg["hidden_size"])
-    if "vocab_size" not in cfg:
-        inferred = _vocab(src)
-        if inferred is None:
-            raise Incomplete(
-                [
-                    "the vocabulary size: add --vocab-size (or a known --tokenizer-type) or "
-                    "annotation dssup.io/model"
-                ]
-            )
-        cfg["vocab_size"] = inferred[0]
-        src.warnings.append(inferred[1])
-    if not switch(src, "gqa"):
-        cfg.pop("num_key_value_heads", None)
-    if not switch(src, "mla"):
-        for key in (
-            "q_lora_rank",
-            "kv_lora_rank",
-            "qk_nope_head_dim",
-            "qk_rope_head_dim",
-            "v_head_dim",
-        ):
-            cfg.pop(key, None)
-    shared = cfg.pop("shared_size", 0)
-    expert = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
-    if shared and expert and shared % expert == 0:
-        cfg["n_shared_experts"] = shared // expert
-    elif shared:
-        cfg["shared_expert_intermediate_size"] = shared
-    cfg["tie_word_embeddings"] = not switch(src, "untie")
-    key = "megatron:" + ",".join(f"{k}={v}" for k, v in sorted(cfg.items()))
-    return model_from_hf_config(cfg, name="megatron-args"), key
-
-
-def _model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
-    value = src.view.annotations.get(ann.MODEL)
-    if value:
-        return _model_from_annotation(src, cache, value.strip())
-    found = _megatron_model(src)
-    if found is not None:
-        return found
-
-    def flag(names: frozenset[str]) -> tuple[str, str] | None:
-        hit = src.flag(names)
-        return (hit.flag, hit.value) if hit is not None and hit.value else None
-
-    ref = modelid.find_reference(flag, src.literal_env, src.view.model_refs)
-    if ref is None:
-        raise Incomplete(
-            ["the model: add annotation dssup.io/model (a preset or configmap:<name>/<key>)"]
-        )
-    known = modelid.known_model(ref.value)
-    if known is None:
-        what = modelid.describe(ref.value)
-        raise Incomplete(
-            [
-                f"the model: {ref.where} names {ref.value[:80]!r}, {what}; add annotation "
-                "dssup.io/model (a preset or configmap:<name>/<key>)"
-            ]
-        )
-    spec, name = known
-    src.warnings.append(f"model {name} inferred from {ref.where} {ref.value[:80]}")
-    return spec, f"preset:{name}"
 
 
 def _layout_values(src: Sources, cache: ClusterCache) -> dict[str, int | bool]:
@@ -305,7 +170,7 @@ def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
     """Model, layout and training of the job; ``Incomplete`` or ``ConfigError`` otherwise."""
     if src.problems:
         raise Incomplete(list(src.problems))
-    model, model_key = _model(src, cache)
+    model, model_key = job_model(src, cache)
     warnings = list(src.warnings)
     lv = _layout_values(src, cache)
     tp, pp, cp = int(lv.get("tp", 1)), int(lv.get("pp", 1)), int(lv.get("cp", 1))

@@ -347,7 +347,7 @@ def test_mig_and_amd_resources():
 
 
 def test_every_instance_map_product_is_in_the_gpu_table():
-    from dssup.admission.gpuid import INSTANCE_GPUS
+    from dssup.admission.instances import INSTANCE_GPUS
     from dssup.memory.gpus import gpu_for_product
 
     missing = {p for p in INSTANCE_GPUS.values() if gpu_for_product(p) is None}
