@@ -102,10 +102,12 @@ def server(tls):
     bg.stop()
 
 
-def _big_review():
+def _big_review(run=0):
+    """A 2.8 MB review: a Pod whose ``bash -c`` script is 75,000 steps long (``run`` makes the
+    content new, so the webhook's memory cannot answer it)."""
     obj = load("pod-shell.yaml")
     steps = " ".join(f"echo step{i} --flag{i} value{i}" for i in range(75_000))
-    obj["spec"]["containers"][0]["args"][0] += " ; " + steps
+    obj["spec"]["containers"][0]["args"][0] += f" ; echo run{run} ; " + steps
     body = json.dumps(review(obj)).encode()
     assert 2_700_000 < len(body) < 3_000_000
     return body
@@ -129,7 +131,6 @@ def _overlapped_small_latency(bg, ca, big):
     try:
         t = threading.Thread(target=send_big)
         t.start()
-        time.sleep(0.05)  # the big body is on its way / being judged
         worst = None
         while not done.is_set():
             start = time.monotonic()
@@ -149,10 +150,9 @@ def _overlapped_small_latency(bg, ca, big):
 
 def test_a_large_review_does_not_delay_small_ones(server):
     bg, ca = server
-    big = _big_review()
     tries = []
-    for _ in range(3):
-        worst = _overlapped_small_latency(bg, ca, big)
+    for run in range(3):
+        worst = _overlapped_small_latency(bg, ca, _big_review(run))
         tries.append(worst)
         if worst is not None and worst < 0.1:
             break
