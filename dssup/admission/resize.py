@@ -145,6 +145,12 @@ def _verify(
     return (cfg, seen) if visible else None
 
 
+_LABELS = {
+    "micro_batch": "micro-batch",
+    "grad_accum": "gradient accumulation",
+    "recompute": "recompute",
+    "zero_stage": "ZeRO stage",
+}
 _KNOB_ANNOTATION = {
     "micro_batch": ann.MICRO_BATCH,
     "recompute": ann.RECOMPUTE,
@@ -161,13 +167,15 @@ def _settings(ev: Evaluation, change: Change, cache: ClusterCache) -> str:
             found = ev.src.lookup(knob, _KNOB_ANNOTATION[knob], cache)
         except Incomplete:
             found = None
-        where = found.where if found is not None else f"the {knob.replace('_', ' ')}"
+        if found is None:  # stated nowhere: the job's own default
+            parts.append(f"{_LABELS[knob]} {new} (not stated in the job)")
+            continue
         unseen = (
             " (a job annotation the pods do not see)"
-            if found is not None and found.origin == "annotation" and ev.view.kind != "Pod"
+            if found.origin == "annotation" and ev.view.kind != "Pod"
             else ""
         )
-        parts.append(f"{where}={new}{unseen}")
+        parts.append(f"{found.where}={new}{unseen}")
     return ", ".join(parts)
 
 
