@@ -22,16 +22,16 @@ Family = Callable[[Reader, Reader | None], Fields]
 
 def base(r: Reader, act_key: str = "hidden_act", act: str = "silu") -> Fields:
     """Sizes named as Llama names them (most families)."""
-    hidden = r.int("hidden_size")
-    heads = r.int("num_attention_heads")
+    hidden = r.num("hidden_size")
+    heads = r.num("num_attention_heads")
     return {
         "hidden": hidden,
-        "ffn": r.int("intermediate_size"),
-        "layers": r.int("num_hidden_layers"),
+        "ffn": r.num("intermediate_size"),
+        "layers": r.num("num_hidden_layers"),
         "heads": heads,
-        "kv_heads": r.int("num_key_value_heads", default=heads),
-        "head_dim": r.int("head_dim", default=hidden // heads),
-        "vocab": r.int("vocab_size"),
+        "kv_heads": r.num("num_key_value_heads", default=heads),
+        "head_dim": r.num("head_dim", default=hidden // heads),
+        "vocab": r.num("vocab_size"),
         "activation": r.text(act_key, act),
     }
 
@@ -65,7 +65,7 @@ def llama(r: Reader, top: Reader | None = None) -> Fields:
 def mistral(r: Reader, top: Reader | None = None) -> Fields:
     f = base(r)
     if "sliding_window" in r.cfg:
-        window = r.int("sliding_window", default=0, least=0)  # null: no window
+        window = r.num("sliding_window", default=0, least=0)  # null: no window
     else:
         window = 4096
         r.notes.append("sliding_window absent: mistral defaults to a 4096-token window")
@@ -77,8 +77,8 @@ def mistral(r: Reader, top: Reader | None = None) -> Fields:
 def _qwen_window(r: Reader, layers: int) -> Fields:
     if not r.flag("use_sliding_window", False):
         return {}
-    start = r.int("max_window_layers", default=28, least=0)
-    window = r.int("sliding_window", default=4096)
+    start = r.num("max_window_layers", default=28, least=0)
+    window = r.num("sliding_window", default=4096)
     return sliding(r, layers, window, lambda i: i >= start)
 
 
@@ -101,7 +101,7 @@ def qwen3(r: Reader, top: Reader | None = None) -> Fields:
 def gemma(r: Reader, top: Reader | None = None, family: str = "gemma") -> Fields:
     f = base(r)
     f["activation"] = r.text("hidden_activation", "") or r.text("hidden_act", "gelu_pytorch_tanh")
-    f["head_dim"] = r.int("head_dim", default=256)
+    f["head_dim"] = r.num("head_dim", default=256)
     bias = r.flag("attention_bias", False)
     f.update(qkv_bias=bias, attn_out_bias=bias, tie_embeddings=r.tie(family, True, top))
     return f
@@ -110,7 +110,7 @@ def gemma(r: Reader, top: Reader | None = None, family: str = "gemma") -> Fields
 def gemma2(r: Reader, top: Reader | None = None, family: str = "gemma2") -> Fields:
     f = gemma(r, top, family)
     f["layer_norms"] = 4  # pre/post attention and pre/post feed-forward
-    window = r.int("sliding_window", default=4096)
+    window = r.num("sliding_window", default=4096)
     f.update(sliding(r, f["layers"], window, lambda i: bool((i + 1) % 2)))
     return f
 
@@ -118,8 +118,8 @@ def gemma2(r: Reader, top: Reader | None = None, family: str = "gemma2") -> Fiel
 def gemma3_text(r: Reader, top: Reader | None = None) -> Fields:
     f = gemma2(r, top, "gemma3")
     f["qk_norm"] = "head"
-    pattern = r.int("sliding_window_pattern", default=6)
-    window = r.int("sliding_window", default=4096)
+    pattern = r.num("sliding_window_pattern", default=6)
+    window = r.num("sliding_window", default=4096)
     f.pop("sliding_window", None)
     f.pop("sliding_layers", None)
     f.update(sliding(r, f["layers"], window, lambda i: bool((i + 1) % pattern)))
@@ -137,7 +137,7 @@ def olmo2(r: Reader, top: Reader | None = None) -> Fields:
 def phi3(r: Reader, top: Reader | None = None) -> Fields:
     f = base(r)
     f["tie_embeddings"] = r.tie("phi3", False, top)
-    f.update(sliding(r, f["layers"], r.int("sliding_window", default=0, least=0), every_layer))
+    f.update(sliding(r, f["layers"], r.num("sliding_window", default=0, least=0), every_layer))
     return f
 
 
@@ -159,17 +159,17 @@ def phi(r: Reader, top: Reader | None = None) -> Fields:
 
 def gpt2(r: Reader, top: Reader | None = None) -> Fields:
     r.refuse_if("add_cross_attention", True, "cross-attention blocks")
-    hidden, heads = r.int("n_embd"), r.int("n_head")
+    hidden, heads = r.num("n_embd"), r.num("n_head")
     f = {
         "hidden": hidden,
-        "ffn": r.int("n_inner", default=4 * hidden),
-        "layers": r.int("n_layer"),
+        "ffn": r.num("n_inner", default=4 * hidden),
+        "layers": r.num("n_layer"),
         "heads": heads,
         "kv_heads": heads,
         "head_dim": hidden // heads,
-        "vocab": r.int("vocab_size"),
+        "vocab": r.num("vocab_size"),
         "activation": r.text("activation_function", "gelu_new"),
-        "learned_positions": r.int("n_positions", default=1024),
+        "learned_positions": r.num("n_positions", default=1024),
     }
     _gelu_block(f, bias=True, mlp_bias=True)
     f["tie_embeddings"] = r.tie("gpt2", True, top)
@@ -187,26 +187,26 @@ def gpt_neox(r: Reader, top: Reader | None = None) -> Fields:
 
 def falcon(r: Reader, top: Reader | None = None) -> Fields:
     r.refuse_if("alibi", True, "ALiBi Falcon checkpoints are not read yet")
-    hidden = r.int("hidden_size", "n_embed")
-    heads = r.int("num_attention_heads")
+    hidden = r.num("hidden_size", "n_embed")
+    heads = r.num("num_attention_heads")
     new_arch, parallel = r.flag("new_decoder_architecture", False), r.flag("parallel_attn", True)
     if new_arch:
-        kv = r.int("num_kv_heads", default=heads)
+        kv = r.num("num_kv_heads", default=heads)
     else:
         kv = 1 if r.flag("multi_query", True) else heads
     f = {
         "hidden": hidden,
-        "ffn": r.int("ffn_hidden_size", default=4 * hidden),
-        "layers": r.int("num_hidden_layers"),
+        "ffn": r.num("ffn_hidden_size", default=4 * hidden),
+        "layers": r.num("num_hidden_layers"),
         "heads": heads,
         "kv_heads": kv,
         "head_dim": hidden // heads,
-        "vocab": r.int("vocab_size"),
+        "vocab": r.num("vocab_size"),
         "activation": r.text("activation", "gelu"),
     }
     bias = r.flag("bias", False)
     _gelu_block(f, bias=bias, mlp_bias=bias)
-    norms = r.int("num_ln_in_parallel_attn", default=2 if new_arch else 1)
+    norms = r.num("num_ln_in_parallel_attn", default=2 if new_arch else 1)
     f.update(parallel_block=parallel, layer_norms=norms if parallel else 2)
     f["tie_embeddings"] = r.tie("falcon", True, top)
     return f
@@ -216,7 +216,7 @@ def starcoder2(r: Reader, top: Reader | None = None) -> Fields:
     bias = r.flag("use_bias", True)
     f = _gelu_block(base(r, act="gelu_pytorch_tanh"), bias=bias, mlp_bias=bias)
     f["tie_embeddings"] = r.tie("starcoder2", True, top)
-    f.update(sliding(r, f["layers"], r.int("sliding_window", default=0, least=0), every_layer))
+    f.update(sliding(r, f["layers"], r.num("sliding_window", default=0, least=0), every_layer))
     return f
 
 

@@ -19,11 +19,11 @@ __all__ = ["FAMILIES", "GENERIC"]
 
 def mixtral(r: Reader, top: Reader | None = None) -> Fields:
     f = base(r)
-    f.update(sliding(r, f["layers"], r.int("sliding_window", default=0, least=0), every_layer))
+    f.update(sliding(r, f["layers"], r.num("sliding_window", default=0, least=0), every_layer))
     f["moe"] = MoESpec(
-        n_routed=r.int("num_local_experts"),
+        n_routed=r.num("num_local_experts"),
         n_shared=0,
-        top_k=r.int("num_experts_per_tok"),
+        top_k=r.num("num_experts_per_tok"),
         expert_ffn=f["ffn"],
         shared_ffn=f["ffn"],  # unused without shared experts (kept as the generic reader had it)
     )
@@ -32,16 +32,16 @@ def mixtral(r: Reader, top: Reader | None = None) -> Fields:
 
 
 def _qwen_moe(r: Reader, shared: bool) -> MoESpec:
-    shared_ffn = r.int("shared_expert_intermediate_size", default=0, least=0) if shared else 0
-    expert_ffn = r.int("moe_intermediate_size")
+    shared_ffn = r.num("shared_expert_intermediate_size", default=0, least=0) if shared else 0
+    expert_ffn = r.num("moe_intermediate_size")
     return MoESpec(
-        n_routed=r.int("num_experts"),
+        n_routed=r.num("num_experts"),
         n_shared=1 if shared_ffn else 0,
-        top_k=r.int("num_experts_per_tok"),
+        top_k=r.num("num_experts_per_tok"),
         expert_ffn=expert_ffn,
         shared_ffn=shared_ffn or expert_ffn,
         shared_gate=bool(shared_ffn),
-        every=r.int("decoder_sparse_step", default=1),
+        every=r.num("decoder_sparse_step", default=1),
         dense_layers=r.int_list("mlp_only_layers"),
     )
 
@@ -61,11 +61,11 @@ def qwen3_moe(r: Reader, top: Reader | None = None) -> Fields:
 
 def _mla(r: Reader, f: Fields) -> Fields:
     mla = MLASpec(
-        q_lora_rank=r.int("q_lora_rank", default=0, least=0),
-        kv_lora_rank=r.int("kv_lora_rank"),
-        qk_nope_head_dim=r.int("qk_nope_head_dim"),
-        qk_rope_head_dim=r.int("qk_rope_head_dim", least=0),
-        v_head_dim=r.int("v_head_dim"),
+        q_lora_rank=r.num("q_lora_rank", default=0, least=0),
+        kv_lora_rank=r.num("kv_lora_rank"),
+        qk_nope_head_dim=r.num("qk_nope_head_dim"),
+        qk_rope_head_dim=r.num("qk_rope_head_dim", least=0),
+        v_head_dim=r.num("v_head_dim"),
     )
     return {"kv_heads": f["heads"], "mla": mla, "attention": "mla"}
 
@@ -73,24 +73,24 @@ def _mla(r: Reader, f: Fields) -> Fields:
 def _deepseek(r: Reader, top: Reader | None, family: str) -> Fields:
     r.refuse_if("attention_bias", True, "biased MLA projections")
     r.refuse_if("mlp_bias", True, "biased MLP projections")
-    freq = r.int("moe_layer_freq", default=1)
+    freq = r.num("moe_layer_freq", default=1)
     if freq != 1:
         raise ConfigError(
             f"{r.where}:moe_layer_freq", f"{freq} is not modelled (transformers uses 1)", ""
         )
     f = base(r)
     f.update(_mla(r, f))
-    expert_ffn = r.int("moe_intermediate_size")
+    expert_ffn = r.num("moe_intermediate_size")
     f["moe"] = MoESpec(
-        n_routed=r.int("n_routed_experts"),
-        n_shared=r.int("n_shared_experts", default=0, least=0),
-        top_k=r.int("num_experts_per_tok"),
+        n_routed=r.num("n_routed_experts"),
+        n_shared=r.num("n_shared_experts", default=0, least=0),
+        top_k=r.num("num_experts_per_tok"),
         expert_ffn=expert_ffn,
         shared_ffn=expert_ffn,
         router_bias=r.get("topk_method") == "noaux_tc" or r.get("scoring_func") == "sigmoid",
-        first_dense=r.int("first_k_dense_replace", default=0, least=0),
+        first_dense=r.num("first_k_dense_replace", default=0, least=0),
     )
-    f["mtp_depth"] = r.int("num_nextn_predict_layers", default=0, least=0)
+    f["mtp_depth"] = r.num("num_nextn_predict_layers", default=0, least=0)
     f["tie_embeddings"] = r.tie(family, False, top)
     return f
 
@@ -108,15 +108,15 @@ def gpt_oss(r: Reader, top: Reader | None = None) -> Fields:
     bias = r.flag("attention_bias", True)
     f.update(qkv_bias=bias, attn_out_bias=bias, attn_sinks=True)
     f["moe"] = MoESpec(
-        n_routed=r.int("num_local_experts"),
+        n_routed=r.num("num_local_experts"),
         n_shared=0,
-        top_k=r.int("num_experts_per_tok", "experts_per_token"),
+        top_k=r.num("num_experts_per_tok", "experts_per_token"),
         expert_ffn=f["ffn"],
         shared_ffn=f["ffn"],
         router_bias=True,
         expert_bias=True,
     )
-    window = r.int("sliding_window", default=128)
+    window = r.num("sliding_window", default=128)
     f.update(sliding(r, f["layers"], window, lambda i: bool((i + 1) % 2)))
     f["tie_embeddings"] = r.tie("gpt_oss", False, top)
     return f
@@ -131,22 +131,22 @@ def generic(r: Reader, top: Reader | None = None) -> Fields:
     f["qkv_bias"] = bool(r.get("attention_bias"))
     keys = [k for k in ("n_routed_experts", "num_local_experts", "num_experts") if r.get(k)]
     if keys:
-        shared = r.int("shared_expert_intermediate_size", default=0, least=0)
-        expert_ffn = r.int("moe_intermediate_size", default=f["ffn"])
+        shared = r.num("shared_expert_intermediate_size", default=0, least=0)
+        expert_ffn = r.num("moe_intermediate_size", default=f["ffn"])
         step = "decoder_sparse_step" if "decoder_sparse_step" in r.cfg else "moe_layer_freq"
         f["moe"] = MoESpec(
-            n_routed=r.int(keys[0]),
-            n_shared=1 if shared else r.int("n_shared_experts", default=0, least=0),
-            top_k=r.int("num_experts_per_tok"),
+            n_routed=r.num(keys[0]),
+            n_shared=1 if shared else r.num("n_shared_experts", default=0, least=0),
+            top_k=r.num("num_experts_per_tok"),
             expert_ffn=expert_ffn,
             shared_ffn=shared or expert_ffn,
             shared_gate=bool(shared),
             router_bias=r.get("topk_method") == "noaux_tc" or r.get("scoring_func") == "sigmoid",
-            first_dense=r.int("first_k_dense_replace", default=0, least=0),
-            every=r.int(step, default=1, least=0) or 1,
+            first_dense=r.num("first_k_dense_replace", default=0, least=0),
+            every=r.num(step, default=1, least=0) or 1,
             dense_layers=r.int_list("mlp_only_layers"),
         )
-    f["mtp_depth"] = r.int("num_nextn_predict_layers", default=0, least=0)
+    f["mtp_depth"] = r.num("num_nextn_predict_layers", default=0, least=0)
     f["tie_embeddings"] = r.tie("generic", False, top)
     return f
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dssup.errors import ConfigError, UnknownPreset
+from dssup.errors import ConfigError, UnknownModelType, UnknownPreset
 from dssup.memory.families_moe import FAMILIES, GENERIC
 from dssup.memory.hfread import Reader
 from dssup.memory.presets import PRESETS
@@ -62,13 +62,13 @@ def preset(name: str) -> ModelSpec:
     return model_from_hf_config(PRESETS[key], name=key)
 
 
-def _unknown(what: object) -> ConfigError:
+def _unknown(what: object) -> UnknownModelType:
     problem = (
         f"model_type {what!r} is not one dssup reads exactly"
         if what
         else "missing (every Hugging Face config.json names its model_type)"
     )
-    return ConfigError(
+    return UnknownModelType(
         "config.json:model_type",
         problem,
         f"known: {', '.join(known_model_types())}; to read it as one of them anyway, add "
@@ -77,9 +77,9 @@ def _unknown(what: object) -> ConfigError:
 
 
 def _check_shape(cfg: Mapping[str, Any]) -> None:
-    if not cfg.get("model_type") and _DS_INFERENCE <= set(cfg):
+    if not cfg.get("model_type") and set(cfg) >= _DS_INFERENCE:
         dim = cfg.get("dim")
-        raise ConfigError(
+        raise UnknownModelType(
             "config.json",
             "this is DeepSeek's own inference config (inference/configs/config_*.json: dim, "
             "n_layers, ...), not a Hugging Face config.json",
@@ -97,9 +97,10 @@ def _approximation(approximate_as: str, mtype: object, text: bool) -> tuple[str,
             f"use one of {', '.join(sorted(FAMILIES))} or generic",
         )
     part = "its text_config" if text else "it"
+    what = f"model_type {mtype!r}" if mtype else "a config without model_type"
     return approximate_as, [
-        f"APPROXIMATION: model_type {mtype!r} is not one dssup reads exactly; {part} was read "
-        f"as {approximate_as} because --approximate-as asked for it (check the architecture line)"
+        f"APPROXIMATION: {what} is not read exactly; {part} was read as {approximate_as} on "
+        "request (--approximate-as): check the architecture line"
     ]
 
 
@@ -117,10 +118,14 @@ def _family(cfg: Mapping[str, Any], approximate_as: str | None) -> tuple[str, bo
         if mtype in WRAPPERS:
             if not text:
                 raise ConfigError("config.json:text_config", "missing", "pass the full config")
-            return WRAPPERS[mtype], True, [
-                f"multimodal {mtype}: the text model under text_config is counted; the vision "
-                "tower and projector are not (their memory is not estimated)"
-            ]
+            return (
+                WRAPPERS[mtype],
+                True,
+                [
+                    f"multimodal {mtype}: the text model under text_config is counted; the vision "
+                    "tower and projector are not (their memory is not estimated)"
+                ],
+            )
         return mtype, False, []
     if approximate_as is None:
         raise _unknown(mtype)

@@ -32,7 +32,7 @@ class Reader:
     def get(self, key: str) -> Any:
         return self.cfg.get(key)
 
-    def int(self, key: str, *alts: str, default: int | None = None, least: int = 1) -> int:
+    def num(self, key: str, *alts: str, default: int | None = None, least: int = 1) -> int:
         """A whole number >= ``least``; the first of ``key, *alts`` that is set, else ``default``
         (a missing field without a default is an error naming it)."""
         for k in (key, *alts):

@@ -89,7 +89,9 @@ class ModelSpec(BaseModel):
         description="gated: 3 matrices (SwiGLU/GeGLU gate, up, down); plain: 2 (fc1, fc2)",
     )
     activation: str = Field("silu", description="MLP activation as the config names it")
-    mlp_bias: bool = Field(False, description="biases on the MLP projections (h_F + h, gated 2h_F + h)")
+    mlp_bias: bool = Field(
+        False, description="biases on the MLP projections (h_F + h, gated 2h_F + h)"
+    )
     attn_out_bias: bool = Field(False, description="bias on the attention output projection (h)")
     norm_kind: Literal["rms", "layer"] = Field("rms", description="RMSNorm or LayerNorm")
     norm_bias: bool = Field(False, description="norms carry a bias as well as a weight")
