@@ -7,6 +7,8 @@ applies is said (no MLA words for a Llama, no expert words for a dense model).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from dssup.memory.spec import ModelSpec
 
 __all__ = ["architecture_lines"]
@@ -61,8 +63,10 @@ def _head(m: ModelSpec) -> str:
     return head
 
 
-def architecture_lines(m: ModelSpec) -> list[str]:
-    """One line for the architecture as read, one for a sliding window, and the reading notes."""
+@lru_cache(maxsize=256)
+def architecture_lines(m: ModelSpec) -> tuple[str, ...]:
+    """One line for the architecture as read, one for a sliding window, and the reading notes
+    (cached: the planner meets one model thousands of times)."""
     out = [f"architecture: {_attention(m)}; {_mlp(m)}; {_block(m)}; {_head(m)}"]
     if m.sliding_window:
         out.append(
@@ -70,4 +74,4 @@ def architecture_lines(m: ModelSpec) -> list[str]:
             "change to stored bytes (eager attention still materialises masked s^2 scores; "
             "flash attention stores none)"
         )
-    return out + list(m.notes)
+    return (*out, *m.notes)
