@@ -25,6 +25,7 @@ for _name in (
     "admit",
     "measure",
     "elastic",
+    "gpus",
 ):
     try:
         importlib.import_module(f"dssup.cli.{_name}")

@@ -68,7 +68,9 @@ def model_options(fn: F) -> F:
             click.option(
                 "--gpu-memory",
                 default=None,
-                help="GPU capacity to check against: 80GiB, 80GB, or a GPU name (H100, A100-40GB).",
+                help="GPU capacity to check against: 80GiB, 80GB, or a GPU name (H100, "
+                "A100-40GB, NVIDIA-H100-80GB-HBM3) read as its driver reports it; `dssup gpus` "
+                "lists the names. A bare number is refused.",
             ),
         ]
     )(fn)
@@ -306,11 +308,11 @@ def build_training(o: dict[str, Any], grad_accum: int) -> Training:
 
 def build_overheads(o: dict[str, Any]) -> Overheads:
     return Overheads(
-        comm_buffer_bytes=parse_size(o["comm_buffer"], "--comm-buffer")
+        comm_buffer_bytes=parse_size(o["comm_buffer"], "--comm-buffer", gpu=False, zero=True)
         if o["comm_buffer"]
         else None,
         fragmentation=o["fragmentation"],
-        cuda_context_bytes=parse_size(o["cuda_context"], "--cuda-context")
+        cuda_context_bytes=parse_size(o["cuda_context"], "--cuda-context", gpu=False, zero=True)
         if o["cuda_context"]
         else None,
     )
