@@ -54,12 +54,16 @@ def every_layer(_: int) -> bool:
     return True
 
 
-def llama(r: Reader, top: Reader | None = None) -> Fields:
+def _attention_bias(r: Reader, top: Reader | None, family: str, **extra: Any) -> Fields:
+    """Llama-style families: ``attention_bias`` on q, k, v and o; untied unless told."""
     f = base(r)
     bias = r.flag("attention_bias", False)
-    f.update(qkv_bias=bias, attn_out_bias=bias, mlp_bias=r.flag("mlp_bias", False))
-    f["tie_embeddings"] = r.tie("llama", False, top)
+    f.update(qkv_bias=bias, attn_out_bias=bias, tie_embeddings=r.tie(family, False, top), **extra)
     return f
+
+
+def llama(r: Reader, top: Reader | None = None) -> Fields:
+    return _attention_bias(r, top, "llama", mlp_bias=r.flag("mlp_bias", False))
 
 
 def mistral(r: Reader, top: Reader | None = None) -> Fields:
@@ -90,10 +94,7 @@ def qwen2(r: Reader, top: Reader | None = None) -> Fields:
 
 
 def qwen3(r: Reader, top: Reader | None = None) -> Fields:
-    f = base(r)
-    bias = r.flag("attention_bias", False)
-    f.update(qkv_bias=bias, attn_out_bias=bias, qk_norm="head")
-    f["tie_embeddings"] = r.tie("qwen3", False, top)
+    f = _attention_bias(r, top, "qwen3", qk_norm="head")
     f.update(_qwen_window(r, f["layers"]))
     return f
 
@@ -127,11 +128,7 @@ def gemma3_text(r: Reader, top: Reader | None = None) -> Fields:
 
 
 def olmo2(r: Reader, top: Reader | None = None) -> Fields:
-    f = base(r)
-    bias = r.flag("attention_bias", False)
-    f.update(qkv_bias=bias, attn_out_bias=bias, qk_norm="full")
-    f["tie_embeddings"] = r.tie("olmo2", False, top)
-    return f
+    return _attention_bias(r, top, "olmo2", qk_norm="full")
 
 
 def phi3(r: Reader, top: Reader | None = None) -> Fields:
@@ -157,20 +154,25 @@ def phi(r: Reader, top: Reader | None = None) -> Fields:
     return f
 
 
+def _sizes(r: Reader, hidden: int, ffn: int, layers: int, heads: int, kv: int) -> Fields:
+    """Sizes of GPT-style configs that name them their own way (head_dim = h / heads)."""
+    return {
+        "hidden": hidden,
+        "ffn": ffn,
+        "layers": layers,
+        "heads": heads,
+        "kv_heads": kv,
+        "head_dim": hidden // heads,
+        "vocab": r.num("vocab_size"),
+    }
+
+
 def gpt2(r: Reader, top: Reader | None = None) -> Fields:
     r.refuse_if("add_cross_attention", True, "cross-attention blocks")
     hidden, heads = r.num("n_embd"), r.num("n_head")
-    f = {
-        "hidden": hidden,
-        "ffn": r.num("n_inner", default=4 * hidden),
-        "layers": r.num("n_layer"),
-        "heads": heads,
-        "kv_heads": heads,
-        "head_dim": hidden // heads,
-        "vocab": r.num("vocab_size"),
-        "activation": r.text("activation_function", "gelu_new"),
-        "learned_positions": r.num("n_positions", default=1024),
-    }
+    f = _sizes(r, hidden, r.num("n_inner", default=4 * hidden), r.num("n_layer"), heads, heads)
+    f["activation"] = r.text("activation_function", "gelu_new")
+    f["learned_positions"] = r.num("n_positions", default=1024)
     _gelu_block(f, bias=True, mlp_bias=True)
     f["tie_embeddings"] = r.tie("gpt2", True, top)
     return f
@@ -194,16 +196,9 @@ def falcon(r: Reader, top: Reader | None = None) -> Fields:
         kv = r.num("num_kv_heads", default=heads)
     else:
         kv = 1 if r.flag("multi_query", True) else heads
-    f = {
-        "hidden": hidden,
-        "ffn": r.num("ffn_hidden_size", default=4 * hidden),
-        "layers": r.num("num_hidden_layers"),
-        "heads": heads,
-        "kv_heads": kv,
-        "head_dim": hidden // heads,
-        "vocab": r.num("vocab_size"),
-        "activation": r.text("activation", "gelu"),
-    }
+    ffn = r.num("ffn_hidden_size", default=4 * hidden)
+    f = _sizes(r, hidden, ffn, r.num("num_hidden_layers"), heads, kv)
+    f["activation"] = r.text("activation", "gelu")
     bias = r.flag("bias", False)
     _gelu_block(f, bias=bias, mlp_bias=bias)
     norms = r.num("num_ln_in_parallel_attn", default=2 if new_arch else 1)
