@@ -106,7 +106,8 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
       dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
           --global-batch-size 512 --recompute selective --json
       dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
-          --global-batch-size 512 --zero 1    (Hub ids dssup ships: dssup models)
+          --global-batch-size 512 --zero 1
+    Hub ids, presets and the model types read exactly: dssup models.
     Exit status: 0 fits (or no --gpu-memory), 1 does not fit, 2 bad input.
     """
     est = run_estimate(o)
