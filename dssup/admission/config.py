@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
-from dssup.admission.flags import HF, SWITCHES
+from dssup.admission.flags import HF, PEFT_ENV, PEFT_FLAGS, SWITCHES, TORCHTUNE_CONFIG
 from dssup.admission.model import job_model
 from dssup.admission.source import Found, Incomplete, Sources, positive, switch
 from dssup.errors import ConfigError
@@ -166,10 +166,33 @@ def _training(
     )
 
 
+def _peft(src: Sources) -> str | None:
+    """Where the job says it fine-tunes with LoRA/PEFT (full training is what dssup models)."""
+    for name in sorted(PEFT_FLAGS):
+        hit = src.flag(frozenset({name}))
+        if hit is not None and (
+            name not in {"--finetuning_type", "--finetuning-type"}
+            or ((hit.value or "").lower() in {"lora", "qlora", "freeze"})
+        ):
+            return hit.flag if hit.value is None else f"{hit.flag} {hit.value}"
+    for name in PEFT_ENV:
+        if src.literal_env(name):
+            return f"env {name}"
+    config = src.value(TORCHTUNE_CONFIG) or ""
+    if "lora" in config.lower():
+        return f"torchtune config {config}"
+    return None
+
+
 def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
     """Model, layout and training of the job; ``Incomplete`` or ``ConfigError`` otherwise."""
     if src.problems:
         raise Incomplete(list(src.problems))
+    peft = _peft(src)
+    if peft is not None:
+        raise Incomplete(
+            [f"LoRA/PEFT fine-tuning ({peft}): dssup models full training only, not adapters"]
+        )
     model, model_key = job_model(src, cache)
     warnings = list(src.warnings)
     lv = _layout_values(src, cache)

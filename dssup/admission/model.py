@@ -20,7 +20,7 @@ from dssup.admission import modelid
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import MEGATRON_MODEL, MEGATRON_TOKENIZER
 from dssup.admission.source import Incomplete, Sources, switch
-from dssup.errors import ConfigError
+from dssup.errors import ConfigError, UnknownModelType
 from dssup.memory import ModelSpec, model_from_hf_config, preset
 
 __all__ = ["job_model"]
@@ -39,11 +39,17 @@ def _hf_model(text: str, label: str) -> ModelSpec:
         raise ConfigError(
             ann.MODEL, f"{label} is not JSON", "store the model's config.json"
         ) from None
-    return model_from_hf_config(cfg, name=label)
+    try:
+        return model_from_hf_config(cfg, name=label)
+    except UnknownModelType as exc:  # not a wrong value: dssup cannot judge this model
+        raise Incomplete([f"a model dssup reads exactly: {label}: {exc}"]) from None
 
 
 def _model_from_annotation(src: Sources, cache: ClusterCache, value: str) -> tuple[ModelSpec, str]:
     if not value.startswith("configmap:"):
+        registered = modelid.known_model(value) if "/" in value else None
+        if registered is not None:  # a Hub id of the model registry
+            return registered[0], f"hub:{registered[1]}"
         return _preset(value), f"preset:{value.strip().lower()}"
     name, _, key = value[len("configmap:") :].partition("/")
     if not name or not key:
@@ -125,7 +131,7 @@ def _megatron_model(src: Sources) -> tuple[ModelSpec, str] | None:
         cfg["shared_expert_intermediate_size"] = shared
     cfg["tie_word_embeddings"] = not switch(src, "untie")
     key = "megatron:" + ",".join(f"{k}={v}" for k, v in sorted(cfg.items()))
-    return model_from_hf_config(cfg, name="megatron-args"), key
+    return model_from_hf_config(cfg, name="megatron-args", approximate_as="generic"), key
 
 
 def job_model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
@@ -157,4 +163,4 @@ def job_model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
         )
     spec, name = known
     src.warnings.append(f"model {name} inferred from {ref.where} {ref.value[:80]}")
-    return spec, f"preset:{name}"
+    return spec, f"hub:{name}"

@@ -5,8 +5,8 @@ Jobs name their model by a Hugging Face Hub id or a path, not by dssup's annotat
 Trainer model initializer (``storageUri: hf://...``, or ``STORAGE_URI`` on the runtime's
 ``model-initializer``), a torchtune recipe config (``--config llama3_2/1B_full``), or env vars
 such as ``MODEL_ID``. ``find_reference`` returns the first such statement and where it was;
-``known_model`` maps a Hub id to a model dssup has the ``config.json`` of (the presets shipped
-with ``dssup.memory``, by their Hub ids), or None. A reference that is a local path or an
+``known_model`` maps a Hub id to the model whose ``config.json`` the model registry ships
+(``dssup.modelzoo``, the same registry ``dssup estimate --model`` reads), or None. A reference that is a local path or an
 unknown id is reported by name (the policy allows the job with a warning saying what to add).
 
 Megatron jobs name a tokenizer instead of ``--vocab-size``; ``tokenizer_vocab`` infers the
@@ -16,12 +16,16 @@ vocabulary of the common tokenizer types, and the caller prints what was inferre
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import NamedTuple
 
-from dssup.memory import ModelSpec, preset
+from dssup import modelzoo
+from dssup.admission.flags import MODEL_FLAGS, TORCHTUNE_CONFIG
+from dssup.admission.source import Incomplete
+from dssup.errors import UnknownModelType
+from dssup.memory import ModelSpec, model_from_hf_config, preset
 
 __all__ = [
-    "HUB_IDS",
     "MODEL_ENV",
     "MODEL_FLAGS",
     "Reference",
@@ -32,47 +36,8 @@ __all__ = [
     "tokenizer_vocab",
 ]
 
-MODEL_FLAGS = frozenset(
-    {
-        "--model_name_or_path",
-        "--model-name-or-path",
-        "--pretrained_model_name_or_path",
-        "--model",
-        "--model_id",
-        "--model-id",
-        "--model_name",
-        "--model-name",
-        "--base_model",
-        "--hf_model",
-    }
-)
-TORCHTUNE_CONFIG = frozenset({"--config"})
 MODEL_ENV = ("MODEL_NAME_OR_PATH", "MODEL_ID", "MODEL_NAME", "HF_MODEL_ID", "BASE_MODEL", "MODEL")
 
-# Hub ids (lower case) of the models whose config.json ships with dssup (dssup.memory presets).
-HUB_IDS: dict[str, str] = {
-    "deepseek-ai/deepseek-v2-lite": "deepseek-v2-lite",
-    "deepseek-ai/deepseek-v2-lite-chat": "deepseek-v2-lite",
-    "deepseek-ai/deepseek-v2": "deepseek-v2",
-    "deepseek-ai/deepseek-v2-chat": "deepseek-v2",
-    "deepseek-ai/deepseek-v3": "deepseek-v3",
-    "deepseek-ai/deepseek-v3-base": "deepseek-v3",
-    "deepseek-ai/deepseek-v3-0324": "deepseek-v3",
-    "deepseek-ai/deepseek-r1": "deepseek-v3",
-    "meta-llama/llama-2-7b-hf": "llama-2-7b",
-    "meta-llama/llama-2-7b-chat-hf": "llama-2-7b",
-    "meta-llama/llama-2-7b": "llama-2-7b",
-    "meta-llama/meta-llama-3-8b": "llama-3-8b",
-    "meta-llama/meta-llama-3-8b-instruct": "llama-3-8b",
-    "meta-llama/meta-llama-3-70b": "llama-3-70b",
-    "meta-llama/meta-llama-3-70b-instruct": "llama-3-70b",
-    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
-    "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
-    "qwen/qwen1.5-moe-a2.7b": "qwen1.5-moe-a2.7b",
-    "qwen/qwen1.5-moe-a2.7b-chat": "qwen1.5-moe-a2.7b",
-    "qwen/qwen2-7b": "qwen2-7b",
-    "qwen/qwen2-7b-instruct": "qwen2-7b",
-}
 # torchtune recipe configs (``tune run ... --config llama3_2/1B_full``): the model they load.
 TORCHTUNE: dict[str, str] = {
     "llama2/7b": "meta-llama/Llama-2-7b-hf",
@@ -155,13 +120,25 @@ def describe(ref: str) -> str:
     return "a model whose config.json dssup does not ship"
 
 
-def known_model(ref: str) -> tuple[ModelSpec, str] | None:
-    """(model, its preset name) for a reference whose config.json dssup ships, else None."""
-    hub = hub_id(ref)
-    name = HUB_IDS.get(hub.lower()) if hub else None
-    if name is None:
+@lru_cache(maxsize=256)
+def _registered(hub: str) -> tuple[ModelSpec, str] | None:
+    entry = modelzoo.find(hub)
+    if entry is None:
         return None
-    return preset(name), name
+    if entry.preset is not None:
+        return preset(entry.preset).model_copy(update={"name": entry.id}), entry.id
+    try:
+        spec = model_from_hf_config(modelzoo.load_config(entry), name=entry.id)
+    except UnknownModelType as exc:  # shipped, but not an architecture dssup reads exactly
+        raise Incomplete([f"a model dssup reads exactly: {entry.id}: {exc}"]) from None
+    return spec, entry.id
+
+
+def known_model(ref: str) -> tuple[ModelSpec, str] | None:
+    """(model, its registry id) for a Hub reference whose config.json dssup ships (the model
+    registry, ``dssup.modelzoo``), else None."""
+    hub = hub_id(ref)
+    return _registered(hub) if hub else None
 
 
 def tokenizer_vocab(tokenizer_type: str | None) -> int | None:

@@ -29,6 +29,7 @@ from dssup.admission.settings import PolicySettings
 from dssup.admission.source import Incomplete
 from dssup.admission.visible import pods_config, seen_knobs
 from dssup.admission.wire import AdmissionRequest
+from dssup.admission.writer import assumed_defaults
 from dssup.errors import ConfigError
 from dssup.memory import Estimate, Layout, Training
 
@@ -232,6 +233,21 @@ class Policy:
         )
 
     def _does_not_fit(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
+        guessed = assumed_defaults(ev.src, ev.cfg)
+        if guessed:  # missing input is never a denial, nor a resize built on a guess
+            what = ", ".join(guessed)
+            warning = (
+                f"dssup: not judged: predicted {gib(ev.est.peak_bytes)} GiB/GPU > "
+                f"{gib(ev.gpu.usable_bytes)} GiB on {ev.gpu.product} only with assumed {what}; "
+                "state them"
+            )
+            return Decision(
+                allowed=True,
+                code="config-incomplete",
+                message=f"not judged: the job does not state {what} (assumed); {warning[7:]}",
+                warnings=(warning[:240],),
+                audit={"decision": "config-incomplete"},
+            )
         resize = find_resize(obj, ev, self.evaluator, self.settings)
         if (
             mode == "mutate"

@@ -15,7 +15,9 @@ from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES
 from dssup.admission.source import Sources
 from dssup.admission.view import ContainerView, PodSetView, annotation_ref, escape
 
-__all__ = ["HF_ANY", "MEGATRON_ANY", "Writer", "speaks_contract", "style"]
+__all__ = ["HF_ANY", "MEGATRON_ANY", "Writer", "assumed_defaults", "speaks_contract", "style"]
+
+_FSDP = frozenset({"--fsdp", "--fsdp_config", "--fsdp-config"})
 
 _CONTRACT_ENV = {
     "micro_batch": "DSSUP_MICRO_BATCH_SIZE",
@@ -45,6 +47,24 @@ MEGATRON_OWN = frozenset().union(
     *MEGATRON.values(), SWITCHES["sp"], SWITCHES["dist_opt"], SWITCHES["recompute_activations"]
 )
 HF_ANY = frozenset().union(*HF.values())
+
+
+def assumed_defaults(src: Sources, cfg: Any) -> tuple[str, ...]:
+    """Memory-relevant knobs taken from dssup's defaults rather than the job's launcher: a
+    sequence length nobody stated; recompute and ZeRO when the job's launcher is not one whose
+    defaults dssup knows (Megatron, or the HF Trainer without --fsdp). A job that does not fit
+    only under such guesses is not denied."""
+    origins = cfg.origins
+    out = []
+    if origins.get("seq_len") == "default":
+        out.append(f"sequence length {cfg.training.seq_len}")
+    kind = style(src)
+    known = kind == "megatron" or (kind == "hf" and not src.has(_FSDP))
+    if not known and origins.get("recompute") == "default":
+        out.append("recompute none")
+    if not known and origins.get("zero_stage") == "default":
+        out.append("ZeRO-0")
+    return tuple(out)
 
 
 def style(src: Sources) -> str:

@@ -21,7 +21,7 @@ CONTAINER = {"name": "train", "image": "x", "resources": {"limits": {"nvidia.com
 
 
 def _job(api="batch/v1", kind="Job", pod_extra=None, container_extra=None, annotations=None):
-    container = {**CONTAINER, **(container_extra or {})}
+    container = {**copy.deepcopy(CONTAINER), **(container_extra or {})}
     pod = {"containers": [container], **(pod_extra or {})}
     meta = {"name": "j", "namespace": "team-a", "annotations": annotations or {}}
     return {"apiVersion": api, "kind": kind, "metadata": meta, "spec": {"template": {"spec": pod}}}
@@ -180,7 +180,7 @@ def test_trainjob_model_initializer_names_the_model():
         trainer={"numNodes": 1, "args": ["--max_seq_length", "2048"]},
     )
     cfg, _ = _config(tj)
-    assert cfg.model.name == "llama-3-8b"
+    assert cfg.model.name == "meta-llama/Meta-Llama-3-8B"  # the model registry's config
     assert any("inferred from spec.initializer.model.storageUri" in w for w in cfg.warnings)
 
 
@@ -189,13 +189,17 @@ def test_trainjob_model_initializer_names_the_model():
     [
         (
             {"args": ["train.py", "--model_name_or_path", "meta-llama/Meta-Llama-3-70B"]},
-            "llama-3-70b",
+            "meta-llama/Meta-Llama-3-70B",
             "--model_name_or_path",
         ),
-        ({"args": ["train.py", "--model=Qwen/Qwen2-7B-Instruct"]}, "qwen2-7b", "--model"),
+        (
+            {"args": ["train.py", "--model=Qwen/Qwen2.5-7B-Instruct"]},
+            "Qwen/Qwen2.5-7B-Instruct",
+            "--model",
+        ),
         (
             {"env": [{"name": "MODEL_ID", "value": "hf://deepseek-ai/DeepSeek-V2-Lite"}]},
-            "deepseek-v2-lite",
+            "deepseek-ai/DeepSeek-V2-Lite",
             "env MODEL_ID",
         ),
     ],
@@ -329,14 +333,15 @@ def test_mig_and_amd_resources():
     view = normalise(mig, CACHE, "team-a")
     assert view.world_size == 2 and view.pod_sets[0].gpu_products == ("NVIDIA-MIG-3g.40gb",)
     d = Policy(CACHE).judge(mig, "team-a", "validate")
-    assert d.code in {"fits", "predicted-oom", "no-feasible-plan"} and "MIG-3g.40gb" in d.message
+    # nothing but the model is stated: judged only if it fits under dssup's defaults
+    assert d.code in {"fits", "config-incomplete"} and "MIG-3g.40gb" in d.message
     amd = _job(
         container_extra={"resources": {"limits": {"amd.com/gpu": 8}}},
         pod_extra={"nodeSelector": {"node.kubernetes.io/instance-type": "BM.GPU.MI300X.8"}},
         annotations={"dssup.io/model": "llama-2-7b"},
     )
     d = Policy(InMemoryCache()).judge(amd, "team-a", "validate")
-    assert d.code in {"fits", "predicted-oom", "no-feasible-plan"}
+    assert d.code in {"fits", "config-incomplete"}
     assert "AMD_Instinct_MI300X_OAM" in d.message  # the one GPU table's MI300X
     a100 = copy.deepcopy(mig)
     a100["spec"]["template"]["spec"]["nodeSelector"] = {
@@ -352,3 +357,24 @@ def test_every_instance_map_product_is_in_the_gpu_table():
 
     missing = {p for p in INSTANCE_GPUS.values() if gpu_for_product(p) is None}
     assert missing <= {"NVIDIA-RTX-PRO-6000"}, missing  # not in the table: answered unknown-gpu
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"env": [{"name": "LORA_R", "value": "8"}]},
+        {"args": ["train.py", "--use_peft", "--lora_r", "16"]},
+        {"args": ["train.py", "--finetuning_type", "lora"]},
+        {"command": ["tune", "run", "lora_finetune_distributed", "--config", "llama3_1/8B_lora"]},
+    ],
+    ids=["env", "trl-flags", "llama-factory", "torchtune"],
+)
+def test_lora_jobs_are_named_not_judged_as_full_training(extra):
+    obj = _job(
+        annotations={"dssup.io/model": "llama-2-7b", "dssup.io/seq-length": "512"},
+        pod_extra={"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+        container_extra=extra,
+    )
+    d = Policy(CACHE).judge(obj, "team-a", "validate")
+    assert d.allowed and d.code == "config-incomplete"
+    assert "LoRA/PEFT fine-tuning" in d.warnings[0]

@@ -109,6 +109,8 @@ PATHS = {
                 {"name": "DSSUP_MICRO_BATCH_SIZE", "value": "16"},
                 {"name": "DSSUP_GLOBAL_BATCH_SIZE", "value": "128"},
                 {"name": "DSSUP_SEQ_LENGTH", "value": "4096"},
+                {"name": "DSSUP_RECOMPUTE", "value": "none"},
+                {"name": "DSSUP_ZERO_STAGE", "value": "1"},
             ],
         }
     ),
@@ -118,6 +120,8 @@ PATHS = {
             "dssup.io/micro-batch-size": "16",
             "dssup.io/global-batch-size": "128",
             "dssup.io/seq-length": "4096",
+            "dssup.io/recompute": "none",
+            "dssup.io/zero-stage": "1",
         },
     ),
     "inline-deepspeed": _job(
@@ -151,6 +155,8 @@ PATHS = {
                 },
                 {"name": "DSSUP_GLOBAL_BATCH_SIZE", "value": "128"},
                 {"name": "DSSUP_SEQ_LENGTH", "value": "4096"},
+                {"name": "DSSUP_RECOMPUTE", "value": "none"},
+                {"name": "DSSUP_ZERO_STAGE", "value": "1"},
             ],
         },
         template_meta={"annotations": {"dssup.io/micro-batch-size": "16"}},
@@ -219,7 +225,12 @@ def test_every_resize_path_changes_what_the_pods_see(policy, path):
         )
     estimate = json.loads(patched["metadata"]["annotations"]["dssup.io/estimate"])
     assert estimate["fits"] and estimate["config"]["microBatch"] == after["microBatch"]
-    assumed = {"hf-flags": ["zeroStage"], "contract-env": ["seqLength"]}.get(path, [])
+    # what stays on the job's word: the FSDP script's sharding; the dssup-run job's knobs the
+    # resize did not write into its env (sequence length, and ZeRO when unchanged)
+    assumed = {"hf-flags": ["zeroStage"]}.get(path, [])
+    if path == "contract-env":
+        assumed = ["seqLength", "recompute", "zeroStage"]
+        assumed = [k for k in assumed if before.get(k) == after.get(k) or k == "seqLength"]
     assert estimate.get("assumedFromJobAnnotations", []) == assumed
     again = policy.judge(patched, "team-a", "mutate")
     assert again.patch == () and policy.judge(patched, "team-a", "validate").allowed
@@ -232,6 +243,8 @@ def test_job_annotations_alone_are_never_a_resize(policy):
             "dssup.io/micro-batch-size": "16",
             "dssup.io/global-batch-size": "128",
             "dssup.io/seq-length": "4096",
+            "dssup.io/recompute": "none",
+            "dssup.io/zero-stage": "1",
         },
     )
     m = policy.judge(obj, "team-a", "mutate")
@@ -241,6 +254,16 @@ def test_job_annotations_alone_are_never_a_resize(policy):
     assert "dssup.io/micro-batch-size=" in v.message and "pods do not see" in v.message
     w = policy.judge(obj, "team-a", "warn")
     assert w.allowed and "predicted OOM" in w.warnings[0]
+
+
+def test_a_job_that_fits_only_under_assumed_defaults_is_not_denied(policy):
+    """Missing input is never a denial: a script dssup knows nothing about, whose sequence
+    length, recompute and ZeRO stage are dssup's guesses, is allowed with a warning naming them."""
+    obj = _job({"command": ["python", "train.py"]}, {"dssup.io/micro-batch-size": "16"})
+    for mode in ("mutate", "validate", "warn"):
+        d = policy.judge(obj, "team-a", mode)
+        assert d.allowed and d.code == "config-incomplete" and not d.patch
+        assert "assumed sequence length 4096, recompute none, ZeRO-0" in d.warnings[0]
 
 
 def test_deepspeed_configmap_knobs_are_named_not_patched(policy):
