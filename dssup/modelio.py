@@ -14,7 +14,7 @@ from typing import Any
 from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, model_from_hf_config, preset, preset_names
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "read_config"]
 
 
 def _read_json(path: Path) -> Any:
@@ -28,6 +28,21 @@ def _read_json(path: Path) -> Any:
         ) from exc
     except OSError as exc:
         raise ConfigError(str(path), f"cannot be read ({exc.strerror})", "check the path") from exc
+
+
+def read_config(source: str | Path) -> tuple[dict[str, Any], Path]:
+    """The contents of a config.json (or of the one in a folder) and the file read."""
+    path = Path(str(source)).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            str(source), "is not a config.json or a folder holding one", "check the path"
+        )
+    doc = _read_json(path)
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), "is not a JSON object", "pass a Hugging Face config.json")
+    return doc, path
 
 
 def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
