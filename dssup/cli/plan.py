@@ -12,6 +12,7 @@ from dssup.cli.options import (
     build_layout,
     build_overheads,
     build_training,
+    host_inputs,
     layout_options,
     model_options,
     overhead_options,
@@ -98,6 +99,7 @@ def plan_cmd(
             "--zero-stages", f"cannot read {zero_stages!r}", "write e.g. 0,1,2,3"
         ) from exc
     del o["nnodes"], o["nproc_per_node"]
+    host, per_node, _ = host_inputs(o)
     req = PlanRequest(
         model=load_model(o["model"]),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
@@ -112,6 +114,8 @@ def plan_cmd(
         search_parallelism=search_parallelism,
         max_tp=max_tp,
         margin=margin,
+        host_memory_bytes=host,
+        gpus_per_node=per_node,
     )
     res = plan(req)
     if as_json:
