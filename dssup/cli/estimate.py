@@ -109,6 +109,11 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
       dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32
       dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
           --global-batch-size 512 --recompute selective --json
+      dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
+          --global-batch-size 512 --zero 1
+      dssup estimate --model llama-3-70b --gpus 8 --zero 3 --offload both \\
+          --gpu-memory H100 --host-memory 2TiB
+    Hub ids, presets and the model types read exactly: dssup models.
     With --host-memory (per node) the host is checked too: offloaded optimizer states and
     parameters as DeepSpeed keeps them, times the GPUs per node (--gpus-per-node, default from
     the GPU table), and the model build on the host when --host-load-dtype says so.

@@ -103,7 +103,7 @@ def plan_cmd(
     del o["nnodes"], o["nproc_per_node"]
     host, per_node, source = host_inputs(o)
     req = PlanRequest(
-        model=load_model(o["model"]),
+        model=load_model(o["model"], o.get("approximate_as")),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
         global_batch=o["global_batch_size"],
         world_size=o["world_size"],

@@ -125,6 +125,7 @@ def test_model_states_agree_with_deepspeeds_estimator(
         assert host == pytest.approx(ds_cpu, rel=0.05)
 
 
+@pytest.mark.slow  # a torchrun child with DeepSpeed on CPU: ~20 s
 def test_a_real_engine_keeps_the_buffers_dssup_counts() -> None:
     out = torchrun(1, Path(__file__).with_name("offload_worker.py"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
