@@ -89,7 +89,9 @@ def main() -> None:
         return
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    plan = read_plan(args.micro_batch_size, args.gradient_accumulation_steps, args.global_batch_size)
+    plan = read_plan(
+        args.micro_batch_size, args.gradient_accumulation_steps, args.global_batch_size
+    )
     gb = args.global_batch_size = plan.global_batch or args.global_batch_size
     share = gb // world
     model, opt = tiny.build(args)

@@ -97,10 +97,12 @@ def give_up(why: GiveUp, on_give_up: str) -> None:
     report_record(record)
     if why.traceback:
         log.error("%s", why.traceback.rstrip())
+    then = "raising InProcessGaveUpError" if on_give_up == "raise" else (
+        f"exiting with status {GAVE_UP_EXIT} so that the supervisor takes over"
+    )  # fmt: skip
     log.error(
-        "dssup: in-process recovery gave up at step %s (%s: %s); exiting with status %s so "
-        "that the supervisor takes over",
-        why.step, why.reason, why.detail, GAVE_UP_EXIT,
+        "dssup: in-process recovery gave up at step %s (%s: %s); %s",
+        why.step, why.reason, why.detail, then,
     )  # fmt: skip
     if on_give_up == "raise":
         raise InProcessGaveUpError(why.reason, why.detail, record)
