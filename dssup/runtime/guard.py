@@ -23,11 +23,9 @@ optimizer (and scaler) step. What cannot be redone goes to ``backstop.give_up``.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +38,7 @@ from dssup.runtime.gradsync import choose_sync
 from dssup.runtime.microbatch import finer_split, sample_count, spans, take
 from dssup.runtime.oom import is_oom, oom_text
 from dssup.runtime.report import report_record, who
+from dssup.runtime.tries import Try, caught, free_memory, rng_state, set_rng
 
 __all__ = ["StepGuard", "StepResult"]
 
@@ -53,15 +52,6 @@ class StepResult:
     tries: int  # 1 when nothing failed
     micro_batch: int
     grad_accum: int
-
-
-@dataclass
-class _Try:
-    code: Code = Code.OK
-    error: str = ""
-    traceback: str = ""
-    exc: BaseException | None = None  # a non-OOM error, re-raised after the verdict
-    verdicts: tuple[Code, ...] = ()  # every rank's, once exchanged
 
 
 class StepGuard:
@@ -81,6 +71,7 @@ class StepGuard:
         sync: str = "auto",
         min_micro_batch: int = 1,
         before_optimizer: Callable[[], None] | None = None,
+        backward: Callable[[Any], Any] | None = None,
         verdict_timeout_s: float | None = None,
         verdict_floor_s: float = 60.0,
         verdict_every_micro_batch: bool = False,
@@ -104,6 +95,7 @@ class StepGuard:
         self.global_batch, self.share = global_batch, global_batch // self.dp
         self.micro_batch, self.loss_reduction = micro_batch, loss_reduction
         self.min_micro_batch, self.before_optimizer = min_micro_batch, before_optimizer
+        self.backward = backward  # e.g. accelerator.backward; default: loss.backward()
         env_timeout = os.environ.get("DSSUP_VERDICT_TIMEOUT_S", "")
         self.verdict_timeout_s = float(env_timeout) if env_timeout else verdict_timeout_s
         self.verdict_floor_s, self.on_give_up, self.steps_done = verdict_floor_s, on_give_up, step
@@ -130,11 +122,11 @@ class StepGuard:
                 "batch", f"{n} samples, but this rank's share of global batch "
                 f"{self.global_batch} is {self.share}",
             )  # fmt: skip
-        started, rng, tries = time.monotonic(), _rng_state(), 0
+        started, rng, tries = time.monotonic(), rng_state(), 0
         while True:
             tries += 1
             if tries > 1:
-                _set_rng(rng)
+                set_rng(rng)
             loss, failed = self._try(batch, loss_fn, started)
             if failed is None:
                 break
@@ -146,7 +138,7 @@ class StepGuard:
 
     def _try(
         self, batch: Any, loss_fn: Callable[[Any], Any], started: float
-    ) -> tuple[Any, _Try | None]:
+    ) -> tuple[Any, Try | None]:
         """Forward and backward of every micro-batch, and the verdict. Returns the loss, and
         None when every rank succeeded, else this rank's outcome with everyone's verdicts."""
         self.model.zero_grad(set_to_none=True)
@@ -185,17 +177,21 @@ class StepGuard:
             )
         return total, None
 
-    def _micro(self, micro: Any, weight: float, loss_fn: Callable[[Any], Any]) -> tuple[_Try, Any]:
+    def _micro(self, micro: Any, weight: float, loss_fn: Callable[[Any], Any]) -> tuple[Try, Any]:
         try:
             loss = loss_fn(micro)
         except Exception as exc:  # classified, re-raised unless an OOM
-            return _caught(exc, Code.OOM_FORWARD), None
+            return caught(exc, Code.OOM_FORWARD), None
         try:
             scaled = loss * weight if self.loss_reduction == "mean" else loss
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            target = self.scaler.scale(scaled) if self.scaler is not None else scaled
+            if self.backward is not None:
+                self.backward(target)
+            else:
+                target.backward()
         except Exception as exc:
-            return _caught(exc, Code.OOM_BACKWARD), None
-        return _Try(), scaled.detach()
+            return caught(exc, Code.OOM_BACKWARD), None
+        return Try(), scaled.detach()
 
     # --- verdicts -----------------------------------------------------------------------
     def _bound(self, started: float) -> float:
@@ -207,7 +203,7 @@ class StepGuard:
             return self.verdict_timeout_s
         return self.verdict_floor_s + 4 * max(self.longest_step_s, time.monotonic() - started)
 
-    def _verdicts(self, mine: _Try, started: float) -> tuple[Code, ...]:
+    def _verdicts(self, mine: Try, started: float) -> tuple[Code, ...]:
         bound = self._bound(started)
         try:
             return self.agreement.exchange(mine.code, bound)
@@ -217,16 +213,16 @@ class StepGuard:
             self._stop(mine, (), "peer-lost", str(exc))
         raise AssertionError("unreachable")  # pragma: no cover - _stop never returns
 
-    def _judge(self, mine: _Try, verdicts: tuple[Code, ...]) -> _Try:
+    def _judge(self, mine: Try, verdicts: tuple[Code, ...]) -> Try:
         """Every rank runs this on the same verdicts, so every rank decides the same."""
         if mine.exc is not None:
             raise mine.exc
         if Code.ERROR in verdicts:
             bad = [r for r, c in enumerate(verdicts) if c == Code.ERROR]
             self._stop(mine, verdicts, "peer-error", f"rank(s) {bad} failed with a non-OOM error")
-        return _Try(mine.code, mine.error, mine.traceback, verdicts=verdicts)
+        return Try(mine.code, mine.error, mine.traceback, verdicts=verdicts)
 
-    def _redo(self, mine: _Try, started: float) -> None:
+    def _redo(self, mine: Try, started: float) -> None:
         """All ranks agreed that someone OOMed: move to a finer split, or give up together."""
         verdicts = mine.verdicts
         new = finer_split(self.micro_batch, self.share, self.min_micro_batch)
@@ -255,7 +251,7 @@ class StepGuard:
             self.steps_done, ", ".join(f"rank {r} {p}" for r, p in oom), old_mb, new, old_gas,
             self.grad_accum, self.global_batch,
         )  # fmt: skip
-        _free()
+        free_memory()
 
     # --- what cannot be redone ----------------------------------------------------------
     def _at_floor(self) -> bool:
@@ -277,7 +273,7 @@ class StepGuard:
                 reason = "verdict-timeout"
             else:
                 reason = "peer-lost"
-            self._stop(_caught(exc, Code.ERROR), (), reason, f"{what}: {oom_text(exc)}")
+            self._stop(caught(exc, Code.ERROR), (), reason, f"{what}: {oom_text(exc)}")
 
     def _optimizer_step(self) -> None:
         try:
@@ -293,12 +289,12 @@ class StepGuard:
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            self._stop(_caught(exc, Code.ERROR), (), "oom-in-optimizer-step", (
+            self._stop(caught(exc, Code.ERROR), (), "oom-in-optimizer-step", (
                 "the optimizer state may be half-updated, so the step cannot be redone"
             ))  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _stop(self, mine: _Try, verdicts: tuple[Code, ...], reason: str, detail: str) -> None:
+    def _stop(self, mine: Try, verdicts: tuple[Code, ...], reason: str, detail: str) -> None:
         oom = tuple(r for r, c in enumerate(verdicts) if c in (Code.OOM_FORWARD, Code.OOM_BACKWARD))
         why = GiveUp(
             reason=reason, detail=detail, step=self.steps_done, micro_batch=self.micro_batch,
@@ -307,37 +303,3 @@ class StepGuard:
             error=mine.error, traceback=mine.traceback,
         )  # fmt: skip
         give_up(why, self.on_give_up)
-
-
-def _caught(exc: BaseException, code: Code) -> _Try:
-    """What to keep of a failed micro-batch: text only for an OOM (its frames, and with them
-    the micro-batch's activations, are released when this returns)."""
-    if not is_oom(exc):
-        return _Try(Code.ERROR, oom_text(exc), exc=exc)
-    text = "".join(traceback.format_exception(exc))
-    return _Try(code, oom_text(exc), text)
-
-
-def _free() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        torch.cuda.empty_cache()
-
-
-def _rng_state() -> tuple[Any, Any]:
-    import torch
-
-    cuda = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        cuda = torch.cuda.get_rng_state_all()
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng(state: tuple[Any, Any]) -> None:
-    import torch
-
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state_all(state[1])
