@@ -92,3 +92,15 @@ def test_variants_that_differ() -> None:
         _arch("mistralai/Mixtral-8x22B-Instruct-v0.1"),
     )
     assert (base["vocab"], inst["vocab"]) == (32000, 32768)
+
+
+def test_cli_and_webhook_read_a_registered_model_the_same() -> None:
+    """One reading (``dssup.modelio.registered_model``) behind ``--model`` and the webhook's
+    Hub-id lookup: the same spec, notes (preset, transcription, printed) included."""
+    from dssup.admission.modelid import known_model
+
+    for e in modelzoo.entries():
+        for hub in (i for i in e.ids if "/" in i):  # a job's bare "gpt2" may be a path
+            hit = known_model(f"hf://{hub}")
+            assert hit is not None and hit[1] == e.id, hub
+            assert hit[0] == load_model(hub), hub
