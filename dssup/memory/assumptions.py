@@ -8,11 +8,34 @@ from __future__ import annotations
 
 from dssup.memory.config import Convention, Layout, Training
 from dssup.memory.defaults import Resolved
+from dssup.memory.framework_notes import framework_lines
 from dssup.memory.spec import ModelSpec
 
 __all__ = ["assumptions"]
 
 _GIB = float(1 << 30)
+
+
+def _pipeline(layout: Layout) -> str:
+    if layout.schedule == "dualpipe":
+        return (
+            "pipeline schedule dualpipe (arXiv 2412.19437 Table 2; deepseek-ai/DualPipe "
+            "DualPipe.step): rank i holds stages i and PP-1-i with both stages' parameters; "
+            "stage j keeps PP - j micro-batches at the rank's peak (PP + 1 per rank), the loss "
+            "stage one at a time; needs an even m >= 2*PP"
+        )
+    if layout.schedule == "interleaved":
+        g = layout.vpp_group or layout.pp
+        return (
+            f"pipeline schedule interleaved (Megatron-core get_pp_rank_microbatches): rank i "
+            f"holds virtual stages i, i+PP, ..., runs 2(PP-i-1) + (VPP-1)*{g} warm-up forward "
+            f"chunks and keeps up to min(that + 1, m*VPP) chunk micro-batches; the peak is the "
+            f"worst point of its schedule"
+        )
+    return (
+        f"pipeline schedule {layout.schedule}: stage i holds min(PP - i, m) "
+        "micro-batches of activations"
+    )
 
 
 def _common(layout: Layout, training: Training, r: Resolved) -> list[str]:
@@ -31,10 +54,7 @@ def _common(layout: Layout, training: Training, r: Resolved) -> list[str]:
         f"{r.fragmentation:.0%}, CUDA context {r.cuda_context_bytes / _GIB:.2f} GiB",
     ]
     if layout.pp > 1:
-        out.append(
-            f"pipeline schedule {layout.schedule}: stage i holds min(PP - i, m) "
-            "micro-batches of activations"
-        )
+        out.append(_pipeline(layout))
     if training.zero_stage == 3:
         out.append(
             "ZeRO-3 working set: min(max_live_parameters, largest layer + prefetch "
@@ -45,7 +65,7 @@ def _common(layout: Layout, training: Training, r: Resolved) -> list[str]:
     return out
 
 
-def _conventional(m: ModelSpec, conv: Convention, training: Training) -> list[str]:
+def _conventional(m: ModelSpec, conv: Convention, training: Training, r: Resolved) -> list[str]:
     if conv == "paper":
         out = [
             "convention paper: arXiv 2502.07846 formulas, W_QR and shared experts replicated "
@@ -63,7 +83,7 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training) -> list[st
             f"routed token-slots per rank b*s*N_r*ETP/TP x imbalance "
             f"{training.moe_imbalance:g}; shared experts split by TP"
         )
-    if m.mtp_depth:
+    if m.mtp_depth and r.mtp:
         out.append(f"{m.mtp_depth} MTP module(s) on the last stage")
     return out
 
@@ -71,7 +91,9 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training) -> list[st
 def assumptions(
     m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
 ) -> list[str]:
-    out = _conventional(m, conv, training) + _common(layout, training, r)
+    out = _conventional(m, conv, training, r) + _common(layout, training, r)
+    if conv == "megatron":
+        out += framework_lines(m, training, r)
     prof = training.implementation
     if prof is not None:
         out.insert(
