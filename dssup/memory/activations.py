@@ -84,7 +84,16 @@ class Ctx:
     @property
     def eager(self) -> bool:
         """Eager PyTorch modules (transformers, or a user model under DeepSpeed)."""
-        return self.conv == "megatron" and self.r is not None and self.r.framework != "megatron"
+        return (
+            self.conv == "megatron"
+            and self.r is not None
+            and self.r.framework in ("transformers", "deepspeed")
+        )
+
+    @property
+    def deepseek(self) -> bool:
+        """DeepSeek-V3's own code (``defaults.py``)."""
+        return self.conv == "megatron" and self.r is not None and self.r.framework == "deepseek"
 
 
 def term(name: str, group: str, value: float) -> Term:
@@ -92,18 +101,25 @@ def term(name: str, group: str, value: float) -> Term:
     return Term(name, group, math.ceil(value))
 
 
-def dropped(c: Ctx) -> frozenset[str]:
+# DeepSeek recomputes every RMSNorm (q/kv norms too) and the SwiGLU of its shared experts.
+_DEEPSEEK_EXTRA = {"layernorm": frozenset({"latent_norm"}), "moe_act": frozenset({"shared_act"})}
+
+
+def dropped(c: Ctx | None) -> frozenset[str]:
     """Groups selective recompute drops under ``c``."""
-    if c.conv == "paper" or c.r is None:
+    if c is None or c.conv == "paper" or c.r is None:
         return PAPER_SELECTIVE
     out: frozenset[str] = frozenset()
     for module in c.r.recompute_modules:
         out |= MODULE_GROUPS[module]
+        if c.deepseek:
+            out |= _DEEPSEEK_EXTRA.get(module, frozenset())
     return out
 
 
-def keep(c: Ctx, group: str, recompute: Recompute) -> bool:
-    """Whether a term of ``group`` stays stored under ``recompute``."""
+def keep(group: str, recompute: Recompute, c: Ctx | None = None) -> bool:
+    """Whether a term of ``group`` stays stored under ``recompute`` (selective: the modules of
+    ``c``'s settings; the paper's fixed set without ``c``)."""
     if group.startswith("eager:"):  # eager profile terms are measured per recompute level
         return group[6:] == recompute
     if recompute == "full":
@@ -142,7 +158,7 @@ def _mla_terms(c: Ctx) -> list[Term]:
             term("attn.input", "input", c.act * s * h / c.seq),
             term("attn.norm_out", "norm", lin * s * h / c.seq),
             term("attn.latents", "latent", c.act * s * latent),
-            term("attn.latents_norm_out", "latent", lin * s * latent),
+            term("attn.latents_norm_out", "latent_norm", lin * s * latent),
             term("attn.k_rope", "latent", c.act * s * a.qk_rope_head_dim),
         ]
     terms += [
@@ -151,11 +167,18 @@ def _mla_terms(c: Ctx) -> list[Term]:
         *_core_attention(c, "attn"),
         term("attn.out", "attn_out", 2 * s * a.v_head_dim * nh / t * k),
     ]
-    if c.conv == "megatron" and c.r is not None and c.r.precision.cache_fp8:
+    if _fp8_out_copy(c):
         terms.append(term("attn.out_fp8", "attn_out", lin * s * a.v_head_dim * nh / t))
     if c.dropout:
         terms.append(term("attn.dropout_mask", "dropout", s * h / c.seq))
     return terms
+
+
+def _fp8_out_copy(c: Ctx) -> bool:
+    """TransformerEngine keeps the attention output twice with FP8: BF16 for the attention
+    backward, FP8 for the output projection. DeepSeek keeps one E5M6 copy for both (counted
+    at 2 bytes: the report gives no packing)."""
+    return c.conv == "megatron" and c.lin != c.act and not c.deepseek
 
 
 def _gqa_terms(c: Ctx) -> list[Term]:
@@ -170,7 +193,7 @@ def _gqa_terms(c: Ctx) -> list[Term]:
         *_core_attention(c, "attn"),
         term("attn.out", "attn_out", 2 * s * m.heads * d / t * k),
     ]
-    if c.conv == "megatron" and c.r is not None and c.r.precision.cache_fp8:
+    if _fp8_out_copy(c):
         terms.append(term("attn.out_fp8", "attn_out", c.lin * s * m.heads * d / t))
     if c.dropout:
         terms.append(term("attn.dropout_mask", "dropout", s * h / c.seq))
@@ -241,7 +264,9 @@ def _moe_terms_megatron(c: Ctx) -> list[Term]:
         term("moe.router_logits", "router", 4 * s * moe.n_routed / c.seq),
         term("moe.routing_probs", "router", 4 * s * moe.top_k / c.seq),
         term("moe.expert_input", "experts", lin * slots * h),
-        term("moe.expert_output", "experts", a * slots * h),
+        # Megatron-core scales by the routing probabilities inside the SwiGLU (weighted
+        # activation), so the probabilities' gradient needs no copy of the expert outputs.
+        term("moe.permuted_probs", "experts", 4 * slots),
         term("moe.expert_fc1", "experts", 2 * lin * slots * he),
         term("moe.expert_act", "moe_act", lin * slots * he),
     ]

@@ -42,7 +42,7 @@ def recomputed_unit(c: Ctx, layer: list[Term], rc: Recompute, unit: int) -> int:
     """Per-sample bytes of one recomputed unit while its backward runs (0 without recompute)."""
     if rc == "none" or c.conv == "paper":
         return 0
-    gone = sum(x.bytes for x in layer if not keep(c, x.group, rc))
+    gone = sum(x.bytes for x in layer if not keep(x.group, rc, c))
     return gone * (unit if rc == "full" else 1)
 
 

@@ -36,7 +36,7 @@ Convention = Literal["paper", "megatron"]
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "dualpipe"]
 RECOMPUTE_LEVELS: tuple[Recompute, ...] = ("none", "selective", "full")
-Framework = Literal["megatron", "deepspeed", "transformers"]
+Framework = Literal["megatron", "deepseek", "deepspeed", "transformers"]
 Loss = Literal["fused", "unfused"]
 Attention = Literal["flash", "sdpa", "eager"]
 OptimizerImpl = Literal["fused", "foreach", "forloop"]
@@ -223,7 +223,8 @@ class Training(BaseModel):
     framework: Framework | None = Field(
         None,
         description="training code whose kernels decide what is stored (loss, norms, SwiGLU, "
-        "MTP, optimizer); None = megatron (megatron convention only)",
+        "MTP, optimizer): megatron, deepseek (DeepSeek-V3's own, as its report describes it), "
+        "deepspeed, transformers; None = megatron (megatron convention only)",
     )
     loss: Loss | None = Field(
         None,

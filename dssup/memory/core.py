@@ -60,7 +60,7 @@ def make_ctx(
         ep=layout.ep,
         etp=layout.etp,
         imbalance=training.moe_imbalance,
-        vocab=padded_vocab(m, layout.tp, conv, r.framework == "megatron"),
+        vocab=padded_vocab(m, layout.tp, conv, r.framework in ("megatron", "deepseek")),
         profile=training.implementation,
         r=r,
     )
@@ -114,7 +114,7 @@ def _eager_profile_terms(c: Ctx, sp: StageParams) -> dict[Recompute, tuple[Term,
     edge = sp.first or sp.last
     found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
     terms = tuple(Term(name, group, b) for name, group, b in found)
-    return {rc: tuple(t for t in terms if keep(c, t.group, rc)) for rc in RECOMPUTE_LEVELS}
+    return {rc: tuple(t for t in terms if keep(t.group, rc, c)) for rc in RECOMPUTE_LEVELS}
 
 
 def _kept_full(c: Ctx, kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
@@ -169,8 +169,8 @@ def _stage_terms(
         if rc == "full":
             layers = _kept_full(c, kinds, per)
         else:
-            layers = [t for t in every if keep(c, t.group, rc)]
-        terms[rc] = _sum(layers + [t for t in io if keep(c, t.group, rc)])
+            layers = [t for t in every if keep(t.group, rc, c)]
+        terms[rc] = _sum(layers + [t for t in io if keep(t.group, rc, c)])
     acts = {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}
     loss = loss_backward(c) if (sp.last or sp.mtp) else 0
     # A layer's backward runs after the loss's: its kept tensors are gone by then.
@@ -198,7 +198,9 @@ def prepare(
     c = make_ctx(m, layout, training, conv, r)
     stages = []
     for i, layers in enumerate(partition(m.layers, layout)):
-        sp = stage_params(m, layout, conv, layers, i, r.mtp, r.framework == "megatron")
+        sp = stage_params(
+            m, layout, conv, layers, i, r.mtp, r.framework in ("megatron", "deepseek")
+        )
         kinds = tuple(m.is_moe_layer(j) for j in layers)
         terms, acts, work = _stage_terms(c, sp, kinds)
         const, moments = eager_moments(c, sp, kinds, layout, acts, layer_work)

@@ -5,13 +5,19 @@ scores stored (no fused attention), dropout masks, no overheads. ``megatron`` is
 training code holds; which code is the ``framework`` setting, and it decides the defaults that
 differ between implementations:
 
-============  =========  =====  ==========  ===============  ==========================
+============  =========  =====  ==========  ===============  ===================================
 framework     loss       MTP    attention   Adam             selective recompute
-============  =========  =====  ==========  ===============  ==========================
-megatron      fused      built  flash       fused (no temp)  core_attn (Megatron's own)
+============  =========  =====  ==========  ===============  ===================================
+megatron      fused      built  flash       fused (no temp)  core_attn (Megatron's own default)
+deepseek      fused      built  flash       fused (no temp)  layernorm, mla_up_proj, moe_act
 deepspeed     unfused    no     sdpa        fused (no temp)  none: per-layer checkpoints
 transformers  unfused    no     sdpa        foreach          none: per-layer checkpoints
-============  =========  =====  ==========  ===============  ==========================
+============  =========  =====  ==========  ===============  ===================================
+
+``deepseek`` is DeepSeek-V3's own training code as arXiv 2412.19437 describes it: it recomputes
+every RMSNorm and the MLA up-projections (section 3.2.3), caches the MoE SwiGLU inputs in FP8 and
+recomputes its output (section 3.3.4), and keeps the attention output once, in E5M6, for both
+the output projection and the attention backward.
 
 Sources: Megatron-core ``TransformerConfig`` (``recompute_modules`` default ``["core_attn"]``;
 ``vocab_parallel_cross_entropy``; TE/Apex ``FusedAdam`` updates in place); transformers 5.x
@@ -70,6 +76,13 @@ _PAPER = Resolved(
 _MEGATRON = Resolved(Precision(), True, False, 1 * GiB, 0.10, 3 * GiB // 4, 0)
 _FRAMEWORK: dict[Framework, tuple[Loss, bool, Attention, OptimizerImpl, frozenset[str]]] = {
     "megatron": ("fused", True, "flash", "fused", frozenset({"core_attn"})),
+    "deepseek": (
+        "fused",
+        True,
+        "flash",
+        "fused",
+        frozenset({"layernorm", "mla_up_proj", "moe_act"}),
+    ),
     "deepspeed": ("unfused", False, "sdpa", "fused", frozenset()),
     "transformers": ("unfused", False, "sdpa", "foreach", frozenset()),
 }

@@ -14,6 +14,8 @@ __all__ = ["framework_lines"]
 
 _CODE = {
     "megatron": "Megatron-core with TransformerEngine kernels",
+    "deepseek": "DeepSeek-V3's own code as arXiv 2412.19437 describes it (every RMSNorm, the "
+    "MLA up-projections and the MoE SwiGLU recomputed; attention output kept once, E5M6)",
     "deepspeed": "DeepSpeed around an eager PyTorch (transformers) model",
     "transformers": "Hugging Face transformers eager modules (Trainer/accelerate)",
 }
@@ -27,7 +29,7 @@ def _d(r: Resolved, name: str) -> str:
 def _recompute(t: Training, r: Resolved) -> str:
     if t.recompute == "none":
         return "recompute none: every activation stored"
-    if r.framework != "megatron":
+    if r.framework in ("transformers", "deepspeed"):
         return (
             "recompute full: gradient checkpointing per decoder layer (its input kept); the "
             "layer is re-forwarded for its backward, once per device"

@@ -63,7 +63,7 @@ def _copies(c: Ctx, sp: StageParams, kinds: tuple[bool, ...]) -> tuple[int, int]
 def _kept(c: Ctx, layer: list[Term], rc: Recompute) -> int:
     if rc == "full":
         return sum(t.bytes for t in layer if t.group in FULL_KEEP)
-    return sum(t.bytes for t in layer if keep(c, t.group, rc))
+    return sum(t.bytes for t in layer if keep(t.group, rc, c))
 
 
 def eager_moments(

@@ -136,7 +136,7 @@ def _check_recompute(m: ModelSpec, t: Training, r: Resolved | None) -> None:
                 f"{module} recomputes {what}, which {m.name} does not have",
                 "drop it from --recompute-modules",
             )
-    if r is None or r.framework == "megatron":
+    if r is None or r.framework in ("megatron", "deepseek"):
         return
     if t.recompute == "selective" or t.recompute_method or t.recompute_num_layers:
         raise ConfigError(
@@ -150,7 +150,7 @@ def _check_recompute(m: ModelSpec, t: Training, r: Resolved | None) -> None:
 def _check_framework(m: ModelSpec, layout: Layout, t: Training, r: Resolved) -> None:
     if t.mtp and not m.mtp_depth:
         raise ConfigError("mtp", f"{m.name} has no MTP modules", "drop --mtp")
-    if r.framework == "megatron":
+    if r.framework in ("megatron", "deepseek"):
         if r.attention == "sdpa":
             raise ConfigError(
                 "attention",
