@@ -76,7 +76,7 @@ def _stage_rows(est: Estimate) -> list[tuple[str, ...]]:
 
 
 def _columns(est: Estimate) -> tuple[str, ...]:
-    cols = _COLS
+    cols: tuple[str, ...] = _COLS
     if est.convention != "paper":  # the backward working set (and autocast's copies)
         cols = (*cols[:8], "bwd", *cols[8:])
     if _multi(est):

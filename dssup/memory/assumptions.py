@@ -38,21 +38,27 @@ def _pipeline(layout: Layout) -> str:
     )
 
 
-def _common(layout: Layout, training: Training, r: Resolved) -> list[str]:
+def _common(layout: Layout, training: Training, r: Resolved, conv: Convention) -> list[str]:
     p = r.precision
     out = [
         f"bytes per parameter: weights {p.weights}, gradients {p.gradients}, optimizer "
         f"{p.optimizer} (master {p.master} + 2 Adam moments of {p.moments})",
         f"ZeRO stage {training.zero_stage}: non-MoE states sharded over DP, MoE over "
         f"EDP={layout.edp}",
-        "flash/fused attention: the s^2 scores are not stored"
-        if r.flash
-        else "attention scores (softmax) stored: b*n_h*s^2 per layer",
-        f"dropout masks {'stored' if r.dropout else 'absent (no dropout)'}",
-        f"recompute: {training.recompute}",
-        f"overheads: comm buffers {r.comm_buffer_bytes / _GIB:.2f} GiB, fragmentation "
-        f"{r.fragmentation:.0%}, CUDA context {r.cuda_context_bytes / _GIB:.2f} GiB",
     ]
+    if conv == "paper":  # the megatron convention says both in its framework lines
+        out.append(
+            "flash/fused attention: the s^2 scores are not stored"
+            if r.flash
+            else "attention scores (softmax) stored: b*n_h*s^2 per layer"
+        )
+    out.append(f"dropout masks {'stored' if r.dropout else 'absent (no dropout)'}")
+    if conv == "paper":
+        out.append(f"recompute: {training.recompute}")
+    out.append(
+        f"overheads: comm buffers {r.comm_buffer_bytes / _GIB:.2f} GiB, fragmentation "
+        f"{r.fragmentation:.0%}, CUDA context {r.cuda_context_bytes / _GIB:.2f} GiB"
+    )
     if layout.pp > 1:
         out.append(_pipeline(layout))
     if training.zero_stage == 3:
@@ -91,7 +97,7 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training, r: Resolve
 def assumptions(
     m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
 ) -> list[str]:
-    out = _conventional(m, conv, training, r) + _common(layout, training, r)
+    out = _conventional(m, conv, training, r) + _common(layout, training, r, conv)
     if conv == "megatron":
         out += framework_lines(m, training, r)
     prof = training.implementation

@@ -124,7 +124,7 @@ def check_schedule(layout: Layout) -> None:
         )
     if layout.pp == 1 and layout.schedule != "1f1b":
         raise ConfigError(
-            "schedule",
+            "vpp" if layout.schedule == "interleaved" else "schedule",
             f"{layout.schedule} needs pipeline parallelism, but pp=1",
             "set --pp 2 or more, or drop --schedule/--vpp",
         )

@@ -89,6 +89,8 @@ class PreparedDevice:
     stages: tuple[PreparedStage, ...]
     split: Split
     largest_layer: int
+    works: dict[Recompute, int]  # one backward at a time: the largest working set held
+    consts: dict[Recompute, int]  # batch-independent saved bytes (autocast copies)
 
     @property
     def layers(self) -> list[int]:
@@ -105,7 +107,7 @@ class PreparedDevice:
 
     def work(self, rc: Recompute) -> int:
         """One backward runs at a time: the largest working set among the held stages."""
-        return max(st.work[rc] for st in self.stages)
+        return self.works[rc]
 
 
 def _eager_profile_terms(c: Ctx, sp: StageParams) -> dict[Recompute, tuple[Term, ...]]:
@@ -196,26 +198,44 @@ def prepare(
 ) -> list[PreparedDevice]:
     """Parameters and activation terms of every device of ``layout``."""
     c = make_ctx(m, layout, training, conv, r)
+    pad, tail, pattern = r.framework in ("megatron", "deepseek"), _tail(c), _kinds(m)
     stages = []
     for i, layers in enumerate(partition(m.layers, layout)):
-        sp = stage_params(
-            m, layout, conv, layers, i, r.mtp, r.framework in ("megatron", "deepseek")
-        )
-        kinds = tuple(m.is_moe_layer(j) for j in layers)
+        sp = stage_params(m, layout, conv, layers, i, r.mtp, pad)
+        kinds = pattern[layers.start : layers.stop]
         terms, acts, work = _stage_terms(c, sp, kinds)
         const, moments = eager_moments(c, sp, kinds, layout, acts, layer_work)
-        stages.append(PreparedStage(i, layers, sp, terms, acts, work, _tail(c), const, moments))
-    out = []
-    for rank, held in enumerate(placement(layout)):
-        own = tuple(stages[j] for j in held)
-        split = Split()
-        for st in own:
-            split += st.params.split
-        if m.tie_embeddings and len(own) > 1 and own[0].params.first and own[-1].params.last:
-            split += Split(non_moe=-own[0].params.embedding)  # one matrix serves both ends
-        largest = max(st.params.largest_layer for st in own)
-        out.append(PreparedDevice(rank, own, split, largest))
-    return out
+        stages.append(PreparedStage(i, layers, sp, terms, acts, work, tail, const, moments))
+    return [
+        _device(m, rank, tuple(stages[j] for j in held))
+        for rank, held in enumerate(placement(layout))
+    ]
+
+
+def _device(m: ModelSpec, rank: int, own: tuple[PreparedStage, ...]) -> PreparedDevice:
+    first = own[0]
+    if len(own) == 1:
+        consts = first.const or dict.fromkeys(RECOMPUTE_LEVELS, 0)
+        return PreparedDevice(
+            rank, own, first.params.split, first.params.largest_layer, first.work, consts
+        )
+    split = Split()
+    for st in own:
+        split += st.params.split
+    if m.tie_embeddings and first.params.first and own[-1].params.last:
+        split += Split(non_moe=-first.params.embedding)  # one matrix serves both ends
+    largest = max(st.params.largest_layer for st in own)
+    works = {rc: max(st.work[rc] for st in own) for rc in RECOMPUTE_LEVELS}
+    consts = {
+        rc: sum(st.const[rc] for st in own if st.const is not None) for rc in RECOMPUTE_LEVELS
+    }
+    return PreparedDevice(rank, own, split, largest, works, consts)
+
+
+@lru_cache(maxsize=64)
+def _kinds(m: ModelSpec) -> tuple[bool, ...]:
+    """Whether each layer is an MoE layer."""
+    return tuple(m.is_moe_layer(j) for j in range(m.layers))
 
 
 def _tail(c: Ctx) -> dict[Recompute, int] | None:
@@ -235,7 +255,7 @@ def device_in_flight(
     if layout.schedule != "interleaved" or layout.pp == 1:
         counts = held_counts(layout, dev.index, held, m)
         return sum(n * st.acts[rc] for n, st in zip(counts, dev.stages, strict=True)), counts
-    best, at = -1, ()
+    best, at = -1, tuple[int, ...]()
     for state in interleaved_states(layout, dev.index, m):
         total = sum(n * st.acts[rc] for n, st in zip(state, dev.stages, strict=True))
         if total > best:
@@ -325,6 +345,8 @@ def tails(
     not depend on the micro-batch, per-sample bytes): an eager profile's end of backward, and
     the backward moments of frameworks that free gradients between steps."""
     out: list[tuple[int, int]] = []
+    if s.tail is None and not dev.stages[0].moments:
+        return out
     buffers = r.comm_buffer_bytes
     if s.tail is not None and dev.tail is not None:
         out.append((s.static + s.tail + buffers, dev.tail[rc]))
@@ -339,7 +361,7 @@ def tails(
 
 def constant(dev: PreparedDevice, rc: Recompute) -> int:
     """Batch-independent saved bytes of the device at the start of backward (autocast)."""
-    return sum(st.const[rc] for st in dev.stages if st.const is not None)
+    return dev.consts[rc]
 
 
 def finish(alloc: int, r: Resolved, ov: Overheads) -> tuple[int, int]:

@@ -102,6 +102,12 @@ def resolve(convention: Convention, training: Training, overheads: Overheads) ->
     }
     if convention == "paper":
         _paper_only(training)
+        if prec.cache_fp8:
+            raise ConfigError(
+                "dtypes",
+                "the paper convention stores BF16 activations; FP8 caching would change nothing",
+                "drop activations=fp8 / --precision fp8, or use --convention megatron",
+            )
         flash = base.flash if training.flash_attention is None else training.flash_attention
         return Resolved(
             flash=flash,

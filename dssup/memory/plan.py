@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedDevice, constant, device_in_flight, prepare, states, tails
+from dssup.memory.core import PreparedDevice, device_in_flight, prepare, states, tails
 from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.params import model_total
@@ -168,6 +168,9 @@ class _Row(NamedTuple):
     tails: dict[Recompute, tuple[tuple[int, int], ...]]
 
 
+_NO_TAILS: dict[Recompute, tuple[tuple[int, int], ...]] = dict.fromkeys(RECOMPUTE_LEVELS, ())
+
+
 def _monotone(table: dict[int, int], micro: list[int], rows: int) -> bool:
     """Whether b * in-flight bytes never falls as b grows (so a miss decides larger b too)."""
     seq = [table[rows // b] * b for b in micro]
@@ -288,7 +291,9 @@ class _Search:
             )
             for g in rows_st
         ]
-        monotone = all(_monotone(g.table[rc], micro, rows) for g in rows_st if g.table is not None)
+        monotone = rows_st[0].table is None or all(
+            _monotone(g.table[rc], micro, rows) for g in rows_st if g.table is not None
+        )
         req = self.req
         curve = cost_curve(
             req.cost,
@@ -363,13 +368,15 @@ class _Search:
                     pp - g.index,
                     fixed,
                     acts,
-                    {rc: g.work(rc) for rc in RECOMPUTE_LEVELS},
-                    {rc: constant(g, rc) for rc in RECOMPUTE_LEVELS},
+                    g.works,
+                    g.consts,
                     table,
                     s.static + s.working_set + self.r.comm_buffer_bytes,
                     s.static + s.transient,
                     s.ms.shard_params,
-                    {rc: tuple(tails(g, s, knobs, self.r, rc)) for rc in RECOMPUTE_LEVELS},
+                    _NO_TAILS
+                    if s.tail is None and not g.stages[0].moments
+                    else {rc: tuple(tails(g, s, knobs, self.r, rc)) for rc in RECOMPUTE_LEVELS},
                 )
             )
         return out
