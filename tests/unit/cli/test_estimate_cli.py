@@ -148,7 +148,16 @@ def test_hf_config_file(tmp_path: Path) -> None:
         ),
         (["--model", "deepseek-v3", "--gpu-memory", "lots"], "--gpu-memory: cannot read 'lots'"),
         (
-            ["--model", "deepseek-v3", "--pp", "2", "--layers-per-stage", "1,2", "--grad-accum", "4"],
+            [
+                "--model",
+                "deepseek-v3",
+                "--pp",
+                "2",
+                "--layers-per-stage",
+                "1,2",
+                "--grad-accum",
+                "4",
+            ],
             "--layers-per-stage: sums to 3",
         ),
         (["--model", "/nonexistent/config.json"], "does not exist"),

@@ -54,7 +54,9 @@ _REST_KEYS = (
 
 
 def _digest(doc: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def _old_fields(stage: dict[str, Any]) -> dict[str, Any]:
