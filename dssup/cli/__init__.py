@@ -16,6 +16,7 @@ __all__ = ["main"]
 # Sub-command modules; each adds itself to ``main`` on import.
 for _name in (
     "estimate",
+    "models",
     "plan",
     "demo",
     "run",
@@ -24,6 +25,7 @@ for _name in (
     "admit",
     "measure",
     "elastic",
+    "gpus",
 ):
     try:
         importlib.import_module(f"dssup.cli.{_name}")

@@ -59,9 +59,7 @@ def policy_options(fn: Any) -> Any:
 
 
 def policy_settings(o: dict[str, Any]) -> PolicySettings:
-    reserve = (
-        0 if o["reserve"].strip() in {"0", "0GiB", "0B"} else parse_size(o["reserve"], "--reserve")
-    )
+    reserve = parse_size(o["reserve"], "--reserve", gpu=False, zero=True)
     if not 0 <= o["plan_margin"] < 1:
         raise ConfigError("--plan-margin", f"{o['plan_margin']} is outside [0, 1)", "use e.g. 0.05")
     return PolicySettings(

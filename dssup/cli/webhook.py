@@ -25,7 +25,7 @@ from dssup.admission.settings import PolicySettings
 from dssup.cli.admit import policy_options, policy_settings
 from dssup.cli.app import main
 from dssup.errors import ConfigError
-from dssup.memory.gpus import parse_size
+from dssup.memory.gpus import parse_bytes
 from dssup.obs.metrics import PrometheusMetrics
 
 __all__ = ["webhook"]
@@ -192,7 +192,7 @@ def serve(
         host=host,
         port=port,
         health_port=health_port,
-        max_body_bytes=parse_size(max_body, "--max-body"),
+        max_body_bytes=parse_bytes(max_body, "--max-body"),
         drain_s=drain,
     )
     store, watcher = _cache(cluster_file, kubeconfig, configmap_selector)

@@ -29,7 +29,16 @@ from dssup.memory.defaults import Resolved
 from dssup.memory.profile import EagerProfile
 from dssup.memory.spec import ModelSpec
 
-__all__ = ["MODULE_GROUPS", "Ctx", "Term", "keep", "layer_terms", "stage_io_terms", "term"]
+__all__ = [
+    "MODULE_GROUPS",
+    "Ctx",
+    "Term",
+    "keep",
+    "layer_terms",
+    "mlp_tensors",
+    "stage_io_terms",
+    "term",
+]
 
 FULL_KEEP = frozenset({"input", "route", "io"})
 PAPER_SELECTIVE = frozenset({"norm", "up_proj", "core_attn", "mlp_act", "moe_act", "shared_act"})
@@ -190,8 +199,10 @@ def _gqa_terms(c: Ctx) -> list[Term]:
         term("attn.norm_out", "norm", norm_out * s * h / c.seq),
         term("attn.q", "up_proj", 2 * s * m.heads * d / t * k),
         term("attn.kv", "latent", 4 * s * m.kv_heads * d / t * k),
+        *_qk_norm_terms(c),
         *_core_attention(c, "attn"),
         term("attn.out", "attn_out", 2 * s * m.heads * d / t * k),
+        *_post_norm_terms(c, "attn"),
     ]
     if _fp8_out_copy(c):
         terms.append(term("attn.out_fp8", "attn_out", c.lin * s * m.heads * d / t))
@@ -200,8 +211,28 @@ def _gqa_terms(c: Ctx) -> list[Term]:
     return terms
 
 
+def _qk_norm_terms(c: Ctx) -> list[Term]:
+    """Q/K norms (Qwen3, Gemma-3, OLMo-2) keep their inputs, the projected q and k."""
+    m = c.m
+    if m.qk_norm == "none":
+        return []
+    per = c.act * c.s * (m.heads + m.kv_heads) * m.head_dim / c.t
+    return [term("attn.qk_norm_input", "norm", per)]
+
+
+def _post_norm_terms(c: Ctx, prefix: str) -> list[Term]:
+    """Gemma-2/3 sandwich norms: the post-attention and post-MLP norms keep their inputs."""
+    if c.m.layer_norms < 4:
+        return []
+    return [term(f"{prefix}.post_norm_input", "norm", c.act * c.s * c.m.hidden / c.seq)]
+
+
 def _ffn_head(c: Ctx, prefix: str) -> list[Term]:
     h, s, k = c.m.hidden, c.s, c.act / 2
+    if c.m.parallel_block:  # the MLP reads the attention's input (and, with one norm, its output)
+        shared = c.m.layer_norms == 1
+        width = 2 * k if c.conv == "paper" else c.lin
+        return [] if shared else [term(f"{prefix}.norm_out", "norm", width * s * h / c.seq)]
     if c.conv == "paper":
         return [
             term(f"{prefix}.input", "input", 2 * s * h / c.seq * k),
@@ -213,19 +244,25 @@ def _ffn_head(c: Ctx, prefix: str) -> list[Term]:
     ]
 
 
+def mlp_tensors(m: ModelSpec) -> int:
+    """h_F-wide tensors an MLP keeps per stage: gated (SwiGLU/GeGLU) 2 (gate and up outputs;
+    activation and product), plain GELU 1 (fc1 output; activation output)."""
+    return 2 if m.mlp_kind == "gated" else 1
+
+
 def _dense_terms(c: Ctx) -> list[Term]:
     h, f, t, s = c.m.hidden, c.m.ffn, c.t, c.s
     terms = _ffn_head(c, "mlp")
     if c.conv == "paper":  # 4bsh/t + 3bsh + 8bs*h_F/t
-        k = c.act / 2
+        k, n = c.act / 2, 2 * mlp_tensors(c.m)
         return [
             *terms,
             term("mlp.fc1_input", "mlp", 3 * s * h * k),
-            term("mlp.fc1_out", "mlp", 4 * s * f / t * k),
-            term("mlp.act", "mlp_act", 4 * s * f / t * k),
+            term("mlp.fc1_out", "mlp", n * s * f / t * k),
+            term("mlp.act", "mlp_act", n * s * f / t * k),
         ]
-    terms += [  # fused SwiGLU keeps its [s, 2f] input; its [s, f] output feeds fc2
-        term("mlp.fc1_out", "mlp", 2 * c.act * s * f / t),
+    terms += [  # fused SwiGLU keeps its [s, 2f] input (GELU: [s, f]); its output feeds fc2
+        term("mlp.fc1_out", "mlp", mlp_tensors(c.m) * c.act * s * f / t),
         term("mlp.act", "mlp_act", c.lin * s * f / t),
     ]
     if c.dropout:
@@ -291,7 +328,7 @@ def layer_terms(c: Ctx, moe_layer: bool) -> list[Term]:
         terms += _moe_terms_paper(c) if c.conv == "paper" else _moe_terms_megatron(c)
     else:
         terms += _dense_terms(c)
-    return terms
+    return terms + _post_norm_terms(c, "mlp")
 
 
 def stage_io_terms(c: Ctx, first: bool, last: bool, mtp_terms: list[Term]) -> list[Term]:

@@ -6,9 +6,11 @@ defaults and which simplifications produced the number before trusting it with a
 
 from __future__ import annotations
 
-from dssup.memory.config import Convention, Layout, Training
+from dssup.memory.config import Convention, Layout, Overheads, Training
 from dssup.memory.defaults import Resolved
+from dssup.memory.describe import architecture_lines
 from dssup.memory.framework_notes import framework_lines
+from dssup.memory.offload import offload_assumptions
 from dssup.memory.spec import ModelSpec
 
 __all__ = ["assumptions"]
@@ -38,13 +40,17 @@ def _pipeline(layout: Layout) -> str:
     )
 
 
-def _common(layout: Layout, training: Training, r: Resolved, conv: Convention) -> list[str]:
+def _common(
+    m: ModelSpec, layout: Layout, training: Training, r: Resolved, conv: Convention
+) -> list[str]:
     p = r.precision
     out = [
         f"bytes per parameter: weights {p.weights}, gradients {p.gradients}, optimizer "
         f"{p.optimizer} (master {p.master} + 2 Adam moments of {p.moments})",
         f"ZeRO stage {training.zero_stage}: non-MoE states sharded over DP, MoE over "
-        f"EDP={layout.edp}",
+        f"EDP={layout.edp}"
+        if m.moe is not None
+        else f"ZeRO stage {training.zero_stage}: states sharded over DP={layout.dp}",
     ]
     if conv == "paper":  # the megatron convention says both in its framework lines
         out.append(
@@ -61,27 +67,38 @@ def _common(layout: Layout, training: Training, r: Resolved, conv: Convention) -
     )
     if layout.pp > 1:
         out.append(_pipeline(layout))
-    if training.zero_stage == 3:
+    if training.zero_stage == 3 and conv == "paper":
         out.append(
             "ZeRO-3 working set: min(max_live_parameters, largest layer + prefetch "
             "bucket) gathered weights"
         )
-    if training.offload_optimizer:
-        out.append("optimizer offload: master weights and Adam moments in host memory")
+    elif training.zero_stage == 3:
+        out.append(
+            "ZeRO-3 working set: the largest layer gathered whole (with the prefetch bucket, "
+            "up to max_live_parameters) and its gradient before the reduce-scatter"
+        )
     return out
+
+
+def _shared(m: ModelSpec) -> bool:
+    return m.moe is not None and m.moe.n_shared > 0
 
 
 def _conventional(m: ModelSpec, conv: Convention, training: Training, r: Resolved) -> list[str]:
     if conv == "paper":
+        replicated = " and ".join(
+            x for x, on in (("W_QR", m.mla is not None), ("shared experts", _shared(m))) if on
+        )
+        over = f" {replicated} replicated over TP," if replicated else ""
         out = [
-            "convention paper: arXiv 2502.07846 formulas, W_QR and shared experts replicated "
-            "over TP, no final norm, no MTP, no logits"
+            f"convention paper: arXiv 2502.07846 formulas,{over} no final norm, no MTP, no logits"
         ]
         if m.moe is not None:
             out.append("paper expert tokens: E_token = b*s*N_r/N spread over the EP group")
         return out
+    wqr = "W_QR split by TP, " if m.mla is not None else ""
     out = [
-        "convention megatron: W_QR split by TP, vocabulary padded to 128*TP, FP32 logits "
+        f"convention megatron: {wqr}vocabulary padded to 128*TP, FP32 logits "
         "kept for the loss on the last stage"
     ]
     if m.moe is not None:
@@ -95,9 +112,17 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training, r: Resolve
 
 
 def assumptions(
-    m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
+    m: ModelSpec,
+    layout: Layout,
+    training: Training,
+    conv: Convention,
+    r: Resolved,
+    ov: Overheads | None = None,
+    gpus_per_node: int | None = None,
 ) -> list[str]:
-    out = _conventional(m, conv, training, r) + _common(layout, training, r, conv)
+    out = _conventional(m, conv, training, r) + _common(m, layout, training, r, conv)
+    out += architecture_lines(m)
+    out += offload_assumptions(conv, training, ov or Overheads(), gpus_per_node)
     if conv == "megatron":
         out += framework_lines(m, training, r)
     prof = training.implementation

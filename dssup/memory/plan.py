@@ -19,9 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedDevice, device_in_flight, prepare, states, tails
+from dssup.memory.core import PreparedDevice, States, device_in_flight, prepare, states, tails
 from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
 from dssup.memory.defaults import Resolved, resolve
+from dssup.memory.offload import host_states, with_overhead
 from dssup.memory.params import model_total
 from dssup.memory.schedule import check_micro_batches
 from dssup.memory.spec import ModelSpec
@@ -53,6 +54,10 @@ class PlanRequest(BaseModel):
     margin: float = Field(0.05, ge=0, lt=1, description="fraction of GPU memory kept free")
     cost: CostModel = Field(default_factory=CostModel)
     limit: int = Field(50, ge=1, description="most candidates returned")
+    host_memory_bytes: int | None = Field(
+        None, gt=0, description="host memory per node, bytes; None = not checked"
+    )
+    gpus_per_node: int = Field(8, ge=1, description="GPUs sharing one host (per node)")
 
 
 class Candidate(BaseModel):
@@ -68,6 +73,9 @@ class Candidate(BaseModel):
     headroom_bytes: int
     step_time_s: float
     cost_terms: dict[str, float]
+    host_bytes_per_node: int = Field(
+        0, description="gpus_per_node x the largest per-GPU host need (offload, model build)"
+    )
 
 
 class PlanResult(BaseModel):
@@ -76,6 +84,10 @@ class PlanResult(BaseModel):
     evaluated: int = Field(description="configs whose memory was computed")
     fitting: int = Field(description="configs that fit (before the limit)")
     closest: Candidate | None = Field(description="smallest peak among those that do not fit")
+    host_limited: int = Field(0, description="configs that fit the GPU but not the host memory")
+    host_limited_bytes: int | None = Field(
+        None, description="smallest host need per node among the host-limited configs"
+    )
 
 
 def _world(req: PlanRequest) -> int:
@@ -147,7 +159,7 @@ def _active_params(m: ModelSpec) -> int:
 
 
 _Key = tuple[int, int, bool, bool, Recompute]
-_Hit = tuple[float, int, Layout, _Key, int, str, int, int, int]
+_Hit = tuple[float, int, Layout, _Key, int, str, int, int, int, int]
 
 
 class _Row(NamedTuple):
@@ -189,6 +201,11 @@ class _Search:
         self.evaluated = 0
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
+        self.host_budget = req.host_memory_bytes or (1 << 62)
+        self.host_limited = 0
+        self.host_limited_bytes: int | None = None
+        self.gpu_fits = 0
+        self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
     def layout(self, layout: Layout) -> None:
         req, r = self.req, self.r
@@ -211,7 +228,7 @@ class _Search:
         split = req.convention == "megatron" and (
             r.framework == "transformers" or req.training.implementation is not None
         )
-        parts = [(micro, 2)]
+        parts: list[tuple[list[int], int | None]] = [(micro, None)]
         if split and rows in micro:
             parts = [(micro[:-1], 2), ([rows], 1)] if len(micro) > 1 else [([rows], 1)]
         for zero in req.zero_stages:
@@ -219,14 +236,14 @@ class _Search:
                 if off_par and zero != 3:
                     continue
                 for part, accum in parts:
-                    knobs = req.training.model_copy(
-                        update={
-                            "zero_stage": zero,
-                            "offload_optimizer": off_opt,
-                            "offload_params": off_par,
-                            "grad_accum": accum,
-                        }
-                    )
+                    update: dict[str, object] = {
+                        "zero_stage": zero,
+                        "offload_optimizer": off_opt,
+                        "offload_params": off_par,
+                    }
+                    if accum is not None:
+                        update["grad_accum"] = accum
+                    knobs = req.training.model_copy(update=update)
                     self._configs(layout, groups, knobs, part, rows, gpu_params)
 
     def _configs(
@@ -246,13 +263,14 @@ class _Search:
         # Probe the least memory-hungry config (most recompute, smallest micro-batch):
         # every other one of this (ZeRO, offload) needs at least as much, so if it does
         # not fit none does, and all are decided exactly without being swept.
-        before = len(self.fitting)
+        before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
         args = (rows, gpu_params)
         self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
-        if len(self.fitting) == before:
+        if self.gpu_fits == gpu_fits:
             self.evaluated += len(req.recompute) * len(micro) - 1
             return
         del self.fitting[before:]  # the sweeps below evaluate it again
+        self.gpu_fits, self.host_limited = gpu_fits, limited
         self.evaluated -= 1
         for rc in req.recompute:
             self._sweep(layout, rows_st, zero, off_opt, off_par, rc, micro, *args)
@@ -276,7 +294,6 @@ class _Search:
             r.cuda_context_bytes + ov.calibration_bytes,
             self.budget,
         )
-        # Without an eager end-of-backward term its bytes are -1: never above the peak.
         table = [
             (
                 g,
@@ -313,6 +330,8 @@ class _Search:
             r.precision.gradients,
         )
         fitting = self.fitting
+        host_1, host_m = self._host
+        host_budget = self.host_budget
         i = -1
         for i, b in enumerate(micro):
             m = rows // b
@@ -328,14 +347,23 @@ class _Search:
             total = best + math.ceil(best * frag) + extra
             phase = "forward-backward" if fb_best >= row.opt else "optimizer-step"
             key = (zero, b, off_opt, off_par, rc)
+            host = host_1 if m == 1 else host_m
             if total <= budget:
+                self.gpu_fits += 1
+                if host > host_budget:  # fits the GPU, not the host: does not fit
+                    self.host_limited += 1
+                    if self.host_limited_bytes is None or host < self.host_limited_bytes:
+                        self.host_limited_bytes = host
+                    continue
                 seconds = sum(cost_at(curve, b, m, row.shard))
                 fitting.append(
-                    (seconds, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+                    (seconds, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host)
                 )
                 continue
             if self.closest is None or total < self.closest[1]:
-                self.closest = (0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+                self.closest = (
+                    0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host
+                )  # fmt: skip
             # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
             # rows)), so every larger micro-batch is decided too: it does not fit either
             # (interleaved tables are checked to grow too, else the sweep goes on).
@@ -348,11 +376,17 @@ class _Search:
     def _rows(
         self, layout: Layout, groups: list[PreparedDevice], knobs: Training, micro: list[int]
     ) -> list[_Row]:
+        """The inner loop's rows; sets ``self._host`` (host bytes per node with one micro-batch
+        per step, and with accumulation) from the same states."""
         out = []
+        host_1 = host_m = 0
+        accum = knobs.offload_optimizer and knobs.zero_stage < 3 and self.req.convention != "paper"
         pp, sched = layout.pp, layout.schedule
         rows = self.req.global_batch // layout.dp
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
+            host_1 = max(host_1, s.host, s.host_init)
+            host_m = max(host_m, s.host_init, self._accumulating(s, knobs) if accum else s.host)
             acts, fixed, table = g.stages[0].acts, 1 if pp == 1 else 0, None
             if sched == "dualpipe" and pp > 1:  # fixed counts: PP - j for each held stage j
                 acts = {rc: device_in_flight(g, layout, rc, 2 * pp)[0] for rc in RECOMPUTE_LEVELS}
@@ -379,10 +413,18 @@ class _Search:
                     else {rc: tuple(tails(g, s, knobs, self.r, rc)) for rc in RECOMPUTE_LEVELS},
                 )
             )
+        n = self.req.gpus_per_node
+        self._host = (host_1 * n, host_m * n)
         return out
 
+    def _accumulating(self, s: States, knobs: Training) -> int:
+        """Host bytes per GPU of ``s`` when the step accumulates micro-batches (DeepSpeed keeps
+        a 16-bit gradient copy on the host between micro-steps), exactly as ``estimate``."""
+        exact = host_states(s.ms.shard_params, knobs.zero_stage, self.r.precision, True, False, 2)
+        return with_overhead(exact, self.ov.host_overhead)
+
     def candidate(self, hit: _Hit) -> Candidate:
-        _, total, layout, key, stage, phase, m, shard, gpu_params = hit
+        _, total, layout, key, stage, phase, m, shard, gpu_params, host = hit
         zero, b, off_opt, off_par, rc = key
         t = self.req.training.model_copy(
             update={
@@ -415,6 +457,7 @@ class _Search:
             headroom_bytes=self.req.gpu_memory_bytes - total,
             step_time_s=cost["total"],
             cost_terms=cost,
+            host_bytes_per_node=host,
         )
 
 
@@ -430,5 +473,10 @@ def plan(req: PlanRequest) -> PlanResult:
     if not chosen and search.closest is not None:
         closest = search.candidate(search.closest)
     return PlanResult(
-        candidates=chosen, evaluated=search.evaluated, fitting=len(search.fitting), closest=closest
+        candidates=chosen,
+        evaluated=search.evaluated,
+        fitting=len(search.fitting),
+        closest=closest,
+        host_limited=search.host_limited,
+        host_limited_bytes=search.host_limited_bytes,
     )
