@@ -196,6 +196,9 @@ class _Search:
         self.req = req
         self.ov = req.overheads or Overheads()
         self.r: Resolved = resolve(req.convention, req.training, self.ov)
+        # Eager frameworks checkpoint whole layers only: no selective level to search.
+        eager = req.convention == "megatron" and self.r.framework in ("transformers", "deepspeed")
+        self.levels = tuple(rc for rc in req.recompute if not (eager and rc == "selective"))
         self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
         self.active = _active_params(req.model)
         self.evaluated = 0
@@ -258,7 +261,7 @@ class _Search:
         """Every (recompute, micro-batch) of one (ZeRO, offload) choice."""
         req = self.req
         zero, off_opt, off_par = knobs.zero_stage, knobs.offload_optimizer, knobs.offload_params
-        deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
+        deepest = max(self.levels, key=RECOMPUTE_LEVELS.index)
         rows_st = self._rows(layout, groups, knobs, micro)
         # Probe the least memory-hungry config (most recompute, smallest micro-batch):
         # every other one of this (ZeRO, offload) needs at least as much, so if it does
@@ -267,12 +270,12 @@ class _Search:
         args = (rows, gpu_params)
         self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
         if self.gpu_fits == gpu_fits:
-            self.evaluated += len(req.recompute) * len(micro) - 1
+            self.evaluated += len(self.levels) * len(micro) - 1
             return
         del self.fitting[before:]  # the sweeps below evaluate it again
         self.gpu_fits, self.host_limited = gpu_fits, limited
         self.evaluated -= 1
-        for rc in req.recompute:
+        for rc in self.levels:
             self._sweep(layout, rows_st, zero, off_opt, off_par, rc, micro, *args)
 
     def _sweep(
@@ -394,7 +397,7 @@ class _Search:
             elif sched == "interleaved" and pp > 1:
                 table = {
                     rc: {rows // b: device_in_flight(g, layout, rc, rows // b)[0] for b in micro}
-                    for rc in self.req.recompute
+                    for rc in self.levels
                 }
             out.append(
                 _Row(
