@@ -259,7 +259,6 @@ class _Search:
         gpu_params: int,
     ) -> None:
         """Every (recompute, micro-batch) of one (ZeRO, offload) choice."""
-        req = self.req
         zero, off_opt, off_par = knobs.zero_stage, knobs.offload_optimizer, knobs.offload_params
         deepest = max(self.levels, key=RECOMPUTE_LEVELS.index)
         rows_st = self._rows(layout, groups, knobs, micro)
