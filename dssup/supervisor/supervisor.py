@@ -21,6 +21,7 @@ from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
+from dssup.jobreport import ReportRecord
 from dssup.obs.metrics import Metrics, NullMetrics
 from dssup.supervisor.adapters import (
     BUILTIN_CAPABILITIES,
@@ -30,14 +31,16 @@ from dssup.supervisor.adapters import (
 )
 from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
 from dssup.supervisor.config import SupervisorConfig
+from dssup.supervisor.jobview import JobView
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.process import Child, terminate_token
 from dssup.supervisor.remedies import RemedyPlanner
 from dssup.supervisor.report import AttemptReport, read_attempt_report
 from dssup.supervisor.state import RunState, replay
+from dssup.supervisor.text import clip
 
 __all__ = ["RECOVERY_FAILED", "RunOutcome", "Supervisor"]
 
@@ -61,14 +64,21 @@ class RunOutcome:
 @dataclass
 class Supervisor:
     config: SupervisorConfig
-    command: TorchrunCommand
+    command: LaunchCommand
     planner: RemedyPlanner
     adapters: Sequence[PlanAdapter] = ()
     metrics: Metrics = field(default_factory=NullMetrics)
     sink: Callable[[str], None] | None = None
     sleep: Callable[[float], None] = time.sleep
+    view: JobView | None = None  # the hand-off and framework of this script (None: builtin)
+    say: Callable[[str], None] | None = None  # dssup's own lines for the console
     _signal: int | None = None
     _child: Child | None = None
+
+    def _say(self, text: str) -> None:
+        log.debug("%s", text)
+        if self.say is not None:
+            self.say(f"dssup: {text}")
 
     # --- signals -------------------------------------------------------------------------
     def request_stop(self, sig: int) -> None:
@@ -95,12 +105,23 @@ class Supervisor:
             )
         else:
             self._recover(journal)
+        self._announce(journal)
         old = self._install()
         try:
             return self._loop(journal)
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+    def _announce(self, journal: Journal) -> None:
+        """The hand-off plan: journalled once, printed whenever dssup (re)starts the run."""
+        if self.view is None:
+            return
+        plan = replay(journal, self.config.initial_plan).plan
+        if journal.last("handoff") is None:
+            journal.append("handoff", **self.view.handoff.model_dump(mode="json"))
+        for line in self.view.handoff.lines(plan):
+            self._say(line)
 
     def _recover(self, journal: Journal) -> None:
         lost = journal.open_attempt()
@@ -154,7 +175,7 @@ class Supervisor:
                     journal,
                     state,
                     "gave-up",
-                    f"{failure.kind}: not retried ({failure.message[:200]})",
+                    f"{failure.kind}: not retried ({clip(failure.message, 200)})",
                 )
             if state.no_progress >= self.config.max_no_progress:
                 return self._end(
@@ -171,25 +192,33 @@ class Supervisor:
                     f"transient failures: {self.config.transient_retries} retries used",
                 )
             if not self._remedy(journal, state, failure):
-                return self._end(journal, state, "gave-up", _no_remedy_reason(failure, state.plan))
+                last = journal.last("decision") or {}
+                return self._end(journal, state, "gave-up", str(last.get("reason", "")))
 
     def planner_calibration(self, state: RunState) -> None:
         for step in self.planner.steps:
             if hasattr(step, "calibration_bytes") and state.calibration_bytes:
                 step.calibration_bytes = state.calibration_bytes
 
+    def _context(self, state: RunState) -> RemedyContext:
+        adapter_caps = {c for a in self.adapters for c in a.capabilities}
+        caps = frozenset(BUILTIN_CAPABILITIES | adapter_caps)
+        check = None
+        if self.view is not None:
+            caps = self.view.capabilities
+            check = self.view.check(state.plan, state.tried)
+        return RemedyContext(frozenset(state.tried), caps, self.config.device, check,
+                             progress_saved=state.best_step is not None)  # fmt: skip
+
     def _remedy(self, journal: Journal, state: RunState, failure: Failure) -> bool:
-        caps = frozenset(BUILTIN_CAPABILITIES | {c for a in self.adapters for c in a.capabilities})
-        ctx = RemedyContext(frozenset(state.tried), caps, self.config.device)
-        remedy = self.planner.decide(failure, state.plan, ctx)
+        remedy = self.planner.decide(failure, state.plan, self._context(state))
+        skipped = list(self.planner.skipped)
+        for line in skipped:
+            self._say(f"not used: {line}")
         if remedy is None:
-            journal.append(
-                "decision",
-                action="give-up",
-                after_attempt=state.attempts,
-                reason=_no_remedy_reason(failure, state.plan),
-                tried=sorted(state.tried),
-            )
+            reason = _no_remedy_reason(failure, state.plan, skipped)
+            journal.append("decision", action="give-up", after_attempt=state.attempts,
+                           reason=reason, tried=sorted(state.tried), skipped=skipped)  # fmt: skip
             return False
         changes = {k: list(v) for k, v in remedy.plan.changes_from(state.plan).items()}
         journal.append(
@@ -202,8 +231,9 @@ class Supervisor:
             changes=changes,
             predicted_peak_bytes=remedy.predicted_peak_bytes,
             calibration_bytes=remedy.calibration_bytes,
+            skipped=skipped,
         )
-        log.info("remedy %s: %s", remedy.step, remedy.reason, extra={"attempt": state.attempts})
+        self._say(f"remedy {remedy.step}: {remedy.reason}")
         state.plan = remedy.plan
         return True
 
@@ -267,7 +297,16 @@ class Supervisor:
             resume=resume,
             checkpoint_dir=self.config.checkpoint_dir,
             adapters=self.adapters,
+            view=self.view,
         )
+        if self.view is not None:
+            self._say(self.view.attempt_line(number, state.plan, resume))
+            hint = self.view.checkpoint_hint(
+                self.config.checkpoint_dir, self.config.checkpoint_pattern
+            )
+            if hint and resume is None:
+                self._say(f"warning: {hint}")
+                spec.notes.append(hint)
         journal.append(
             "attempt-started",
             attempt=number,
@@ -292,7 +331,11 @@ class Supervisor:
             stop_signal=lambda: self._signal,
             on_start=lambda c: setattr(self, "_child", c),
             fast_fail=self.config.fast_fail,
+            expected_global_batch=self._kept_global_batch(journal, state),
         )
+        output = JobView.output(_rank0_output(self.command, spec.dir))
+        if self.view is not None:
+            result.failure = self.view.finished(result.failure, result.started, output)
         step = self._step()
         state.record(result, step)
         journal.append(
@@ -307,7 +350,8 @@ class Supervisor:
             spawned_at=round(result.spawned_at, 4),
             exited_at=round(result.exited_at, 4),
         )
-        result.report = self._job_report(journal, number, spec.dir, state)
+        derived = self.view.reported(output) if self.view is not None else []
+        result.report = self._job_report(journal, number, spec.dir, state, derived)
         self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
         self._write_metrics()
@@ -324,10 +368,17 @@ class Supervisor:
         return None
 
     def _job_report(
-        self, journal: Journal, number: int, attempt_dir: Path, state: RunState
+        self,
+        journal: Journal,
+        number: int,
+        attempt_dir: Path,
+        state: RunState,
+        derived: Sequence[ReportRecord] = (),
     ) -> AttemptReport:
-        """Read and journal what the job reported about the attempt that just ended."""
-        report = read_attempt_report(attempt_dir, self._kept_global_batch(journal, state))
+        """Read and journal what the job reported about the attempt that just ended (and what
+        its framework printed: ``derived``)."""
+        expected = self._kept_global_batch(journal, state)
+        report = read_attempt_report(attempt_dir, expected, derived)
         batch = {**report.batch.model_dump(mode="json"), "text": report.batch.text()}
         journal.append(
             "job-report",
@@ -339,8 +390,14 @@ class Supervisor:
             records=list(report.records),
             problems=list(report.problems),
         )
-        level = logging.ERROR if report.batch.status == "mismatch" else logging.INFO
-        log.log(level, "attempt %s: %s", number, report.batch.text())
+        if report.batch.status == "mismatch":
+            log.error("attempt %s: %s", number, report.batch.text())
+        self._say(f"attempt {number}: {report.batch.text()}")
+        resumed = journal.last("attempt-started") or {}
+        handed = resumed.get("resume_step")
+        if handed and report.first_step is not None and report.first_step < handed:
+            self._say(f"warning: attempt {number} was handed the step-{handed} checkpoint but the "
+                      f"job reported starting at step {report.first_step}: it did not resume")  # fmt: skip
         return report
 
     def _assess(self, journal: Journal, number: int, attempt_dir: Path) -> None:
@@ -382,7 +439,7 @@ class Supervisor:
         return RunOutcome(code, reason, journal)
 
 
-def _no_remedy_reason(failure: Failure, plan: TrainingPlan) -> str:
+def _no_remedy_reason(failure: Failure, plan: TrainingPlan, skipped: Sequence[str] = ()) -> str:
     if failure.kind.is_oom and plan.micro_batch is None:
         return (
             f"no untried remedy for {failure.kind}: the micro-batch is unknown; pass "
@@ -390,7 +447,17 @@ def _no_remedy_reason(failure: Failure, plan: TrainingPlan) -> str:
         )
     if failure.kind == FailureKind.COMM_OOM:
         return "out of memory inside a collective: a smaller micro-batch barely helps; no remedy"
-    return f"no untried remedy for {failure.kind} (all rungs tried or not applicable)"
+    why = f"; passed over: {'; '.join(skipped)}" if skipped else ""
+    return f"no untried remedy for {failure.kind} (all rungs tried or not applicable){why}"
+
+
+def _rank0_output(cmd: LaunchCommand, attempt_dir: Path) -> Path | None:
+    """Rank 0's output file of an attempt (the console when the launcher keeps none)."""
+    log_dir = cmd.launcher.log_dir(cmd, attempt_dir)
+    if log_dir is None:
+        return attempt_dir / "torchrun.log"
+    ranks = cmd.launcher.rank_logs(log_dir)
+    return ranks[0].output if 0 in ranks else None
 
 
 def plan_of(record: dict[str, Any]) -> TrainingPlan:

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from dssup.errors import ConfigError
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
 
 __all__ = ["DYNAMIC_BACKENDS", "check_elastic_command", "generation_command", "read_group"]
 
@@ -24,7 +24,7 @@ _GROUP_RANK = re.compile(r"\bgroup_rank=(\d+)")
 _GROUP_WORLD = re.compile(r"\bgroup_world_size=(\d+)")
 
 
-def check_elastic_command(cmd: TorchrunCommand) -> None:
+def check_elastic_command(cmd: LaunchCommand) -> None:
     """Multi-node dssup needs a dynamic rendezvous: a static one pins node ranks to the
     original world, so a smaller or larger generation could not form."""
     backend = cmd.option("rdzv-backend") or "static"
@@ -52,7 +52,7 @@ def _strip(args: list[str]) -> list[str]:
     return out
 
 
-def generation_command(cmd: TorchrunCommand, nnodes: int, rdzv_id: str) -> TorchrunCommand:
+def generation_command(cmd: LaunchCommand, nnodes: int, rdzv_id: str) -> LaunchCommand:
     """``cmd`` with ``--nnodes`` and ``--rdzv-id`` set for one generation (flags beat the
     ``PET_*`` variables Kubeflow sets, so those are overridden too)."""
     launcher = [*_strip(cmd.launcher_args), "--nnodes", str(nnodes), "--rdzv-id", rdzv_id]

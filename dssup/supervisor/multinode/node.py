@@ -27,7 +27,7 @@ from typing import Any
 
 from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.multinode.agree import Agreement, Proposal, usable_nodes
@@ -48,6 +48,7 @@ from dssup.supervisor.multinode.splitbrain import quarantine_since
 from dssup.supervisor.multinode.store import SharedStore
 from dssup.supervisor.state import RunState
 from dssup.supervisor.supervisor import RunOutcome, Supervisor
+from dssup.supervisor.text import clip
 
 __all__ = ["MultiNodeSupervisor"]
 
@@ -66,7 +67,7 @@ class MultiNodeSupervisor(Supervisor):
     members: Membership
     agreement: Agreement
     events: EventPublisher
-    base_command: TorchrunCommand
+    base_command: LaunchCommand
     generation: int
     decision: Decision | None
     preempted: bool
@@ -278,6 +279,7 @@ class MultiNodeSupervisor(Supervisor):
             gpu_timeout_s=self.config.gpu_release_timeout_s, sink=self.sink,
             stop_signal=lambda: self._signal or (signal.SIGTERM if self.preempted else None),
             on_start=lambda c: setattr(self, "_child", c),
+            expected_global_batch=self._kept_global_batch(journal, state),
         )  # fmt: skip
         local = result.failure
         step = self._step()
@@ -353,7 +355,7 @@ class MultiNodeSupervisor(Supervisor):
         if self.members.leader() != self.mn.node_rank:
             journal.append(
                 "decision", action="follow", after_attempt=state.attempts,
-                reason=f"root cause {failure.kind} ({failure.message[:160]}); "
+                reason=f"root cause {failure.kind} ({clip(failure.message, 160)}); "
                 "the leader decides the next plan",
             )  # fmt: skip
             return True
