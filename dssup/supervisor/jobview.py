@@ -10,9 +10,10 @@ the plan and where it resumes from.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dssup.jobreport import ReportRecord
 from dssup.supervisor.adapters import Objection
@@ -31,6 +32,7 @@ class JobView:
     handoff: HandOff
     job: Job
     framework: Framework
+    adapters: Sequence[Any] = ()  # adapters with a ``reported(text)`` read their prints too
 
     # --- choosing remedies ---------------------------------------------------------------
     @property
@@ -89,8 +91,14 @@ class JobView:
             return ""
 
     def reported(self, output: str) -> list[ReportRecord]:
-        """What the framework printed about the batch (HF Trainer's block, Megatron's args)."""
-        return self.framework.reported(output)
+        """What the framework (HF Trainer's block, Megatron's arguments) and the adapters
+        (DeepSpeed's engine configuration) printed about the batch on rank 0."""
+        found = list(self.framework.reported(output))
+        for adapter in self.adapters:
+            method = getattr(adapter, "reported", None)
+            if callable(method):
+                found += method(output)
+        return found
 
     def finished(self, failure: Failure | None, started: float, output: str) -> Failure | None:
         """``failure`` re-read as teardown when the framework says training had finished."""

@@ -26,6 +26,7 @@ __all__ = [
     "LoadToCpuStep",
     "RaiseRecomputeStep",
     "RemedyPlanner",
+    "no_remedy_reason",
     "per_rank_share",
 ]
 
@@ -190,3 +191,16 @@ class RemedyPlanner:
                 return None
             tried.add(remedy.plan.key())
         return None
+
+
+def no_remedy_reason(failure: Failure, plan: TrainingPlan, skipped: Sequence[str] = ()) -> str:
+    """Why the ladder gave up, with every remedy it passed over and why."""
+    if failure.kind.is_oom and plan.micro_batch is None:
+        return (
+            f"no untried remedy for {failure.kind}: the micro-batch is unknown; pass "
+            "--global-batch-size and --micro-batch-size (or a model with --model)"
+        )
+    if failure.kind == FailureKind.COMM_OOM:
+        return "out of memory inside a collective: a smaller micro-batch barely helps; no remedy"
+    why = f"; passed over: {'; '.join(skipped)}" if skipped else ""
+    return f"no untried remedy for {failure.kind} (all rungs tried or not applicable){why}"

@@ -29,6 +29,7 @@ from dssup.supervisor.adapters import (
     RemedyContext,
     assessments,
 )
+from dssup.supervisor.aftermath import journal_report, kept_global_batch, rank0_output
 from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
 from dssup.supervisor.command import LaunchCommand
@@ -37,8 +38,8 @@ from dssup.supervisor.jobview import JobView
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.process import Child, terminate_token
-from dssup.supervisor.remedies import RemedyPlanner
-from dssup.supervisor.report import AttemptReport, read_attempt_report
+from dssup.supervisor.remedies import RemedyPlanner, no_remedy_reason
+from dssup.supervisor.report import AttemptReport
 from dssup.supervisor.state import RunState, replay
 from dssup.supervisor.text import clip
 
@@ -216,7 +217,7 @@ class Supervisor:
         for line in skipped:
             self._say(f"not used: {line}")
         if remedy is None:
-            reason = _no_remedy_reason(failure, state.plan, skipped)
+            reason = no_remedy_reason(failure, state.plan, skipped)
             journal.append("decision", action="give-up", after_attempt=state.attempts,
                            reason=reason, tried=sorted(state.tried), skipped=skipped)  # fmt: skip
             return False
@@ -333,7 +334,7 @@ class Supervisor:
             fast_fail=self.config.fast_fail,
             expected_global_batch=self._kept_global_batch(journal, state),
         )
-        output = JobView.output(_rank0_output(self.command, spec.dir))
+        output = JobView.output(rank0_output(self.command, spec.dir))
         if self.view is not None:
             result.failure = self.view.finished(result.failure, result.started, output)
         step = self._step()
@@ -358,14 +359,7 @@ class Supervisor:
         return result
 
     def _kept_global_batch(self, journal: Journal, state: RunState) -> int | None:
-        """The global batch the run promises: the plan's, else the first one a job verified."""
-        if state.plan.global_batch is not None:
-            return state.plan.global_batch
-        for rec in journal.of_type("job-report"):
-            batch = rec.get("batch") or {}
-            if batch.get("status") == "verified":
-                return int(batch["reported"][0])
-        return None
+        return kept_global_batch(journal, state.plan)
 
     def _job_report(
         self,
@@ -375,30 +369,8 @@ class Supervisor:
         state: RunState,
         derived: Sequence[ReportRecord] = (),
     ) -> AttemptReport:
-        """Read and journal what the job reported about the attempt that just ended (and what
-        its framework printed: ``derived``)."""
-        expected = self._kept_global_batch(journal, state)
-        report = read_attempt_report(attempt_dir, expected, derived)
-        batch = {**report.batch.model_dump(mode="json"), "text": report.batch.text()}
-        journal.append(
-            "job-report",
-            attempt=number,
-            batch=batch,
-            first_step=report.first_step,
-            completed_ranks=list(report.completed_ranks),
-            checkpoints=list(report.checkpoints),
-            records=list(report.records),
-            problems=list(report.problems),
-        )
-        if report.batch.status == "mismatch":
-            log.error("attempt %s: %s", number, report.batch.text())
-        self._say(f"attempt {number}: {report.batch.text()}")
-        resumed = journal.last("attempt-started") or {}
-        handed = resumed.get("resume_step")
-        if handed and report.first_step is not None and report.first_step < handed:
-            self._say(f"warning: attempt {number} was handed the step-{handed} checkpoint but the "
-                      f"job reported starting at step {report.first_step}: it did not resume")  # fmt: skip
-        return report
+        """Read and journal what the job reported (and its framework printed: ``derived``)."""
+        return journal_report(journal, number, attempt_dir, state.plan, derived, self._say)
 
     def _assess(self, journal: Journal, number: int, attempt_dir: Path) -> None:
         """Journal what adapters judge of the attempt that just ended (loss continuity)."""
@@ -437,27 +409,6 @@ class Supervisor:
             final_plan=state.plan.model_dump(mode="json"),
         )
         return RunOutcome(code, reason, journal)
-
-
-def _no_remedy_reason(failure: Failure, plan: TrainingPlan, skipped: Sequence[str] = ()) -> str:
-    if failure.kind.is_oom and plan.micro_batch is None:
-        return (
-            f"no untried remedy for {failure.kind}: the micro-batch is unknown; pass "
-            "--global-batch-size and --micro-batch-size (or a model with --model)"
-        )
-    if failure.kind == FailureKind.COMM_OOM:
-        return "out of memory inside a collective: a smaller micro-batch barely helps; no remedy"
-    why = f"; passed over: {'; '.join(skipped)}" if skipped else ""
-    return f"no untried remedy for {failure.kind} (all rungs tried or not applicable){why}"
-
-
-def _rank0_output(cmd: LaunchCommand, attempt_dir: Path) -> Path | None:
-    """Rank 0's output file of an attempt (the console when the launcher keeps none)."""
-    log_dir = cmd.launcher.log_dir(cmd, attempt_dir)
-    if log_dir is None:
-        return attempt_dir / "torchrun.log"
-    ranks = cmd.launcher.rank_logs(log_dir)
-    return ranks[0].output if 0 in ranks else None
 
 
 def plan_of(record: dict[str, Any]) -> TrainingPlan:

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dssup.jobreport import ReportRecord, Started
 from dssup.supervisor.adapters import AppliedPlan, RemedyStep
 from dssup.supervisor.command import LaunchCommand
 from dssup.supervisor.deepspeed.assess import assess_attempt
@@ -222,6 +224,24 @@ class DeepSpeedAdapter:
             notes.append(resume.warning)
         return AppliedPlan(script_args=args, env=_resume_env(resume, path), notes=notes)
 
+    def reported(self, text: str) -> list[ReportRecord]:
+        """``started`` records from the engine's own "DeepSpeedEngine configuration" dump on
+        rank 0 (``DeepSpeedConfig.print``: printed at INFO; DeepSpeed 0.19's logger defaults to
+        WARNING, so only jobs that raise it show it)."""
+        out: list[ReportRecord] = []
+        for block in text.split("DeepSpeedEngine configuration:")[1:]:
+            found = {k: int(v) for k, v in _DS_FIGURE.findall(block[:20_000])}
+            mb, gas = (
+                found.get("train_micro_batch_size_per_gpu"),
+                found.get("gradient_accumulation_steps"),
+            )
+            gb, world = found.get("train_batch_size"), found.get("world_size")
+            if mb and gas and gb and world:
+                out.append(Started(rank=0, world_size=world, dp=world, micro_batch=mb, grad_accum=gas,
+                                   global_batch=gb, framework="deepspeed",
+                                   source="deepspeed-engine-log"))  # fmt: skip
+        return out
+
     def assess(self, attempt_dir: Path) -> dict[str, Any] | None:
         """Loss continuity of an attempt that resumed (``assess_attempt``), once it has ended:
         the supervisor journals it, and a jump or a sample gap fails the recovery."""
@@ -231,6 +251,14 @@ class DeepSpeedAdapter:
         level = logging.INFO if record.ok else logging.ERROR
         log.log(level, "loss continuity after resume (%s): %s", attempt_dir.name, record.detail)
         return record.model_dump(mode="json")
+
+
+# DeepSpeedConfig.print: "  {arg} {'.' * (29 - len(arg))} {value}" (no dots past 29 characters)
+_DS_FIGURE = re.compile(
+    r"^.*?\b(train_batch_size|train_micro_batch_size_per_gpu|gradient_accumulation_steps|"
+    r"world_size) \.*\s*(\d+)\s*$",
+    re.MULTILINE,
+)
 
 
 def _auto(plan: TrainingPlan) -> dict[str, int | None]:

@@ -9,7 +9,9 @@ script's own, as for a plain script: flags on the command line or the ``DSSUP_*`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from dssup.jobreport import ReportRecord
@@ -25,6 +27,7 @@ VARIABLE = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 
 class AccelerateLoop:
     name = "accelerate"
+    defaults: Mapping[str, int] = MappingProxyType({})  # no defaults of its own
 
     def detect(self, job: Job) -> str | None:
         if job.source.mentions("Accelerator(") and job.source.mentions(".accumulate("):

@@ -8,7 +8,7 @@ is one module with one object behind ``Framework``:
 
 * ``detect``: evidence that the script is of this framework (its source, its flags), or None;
 * ``channels``: how each knob of dssup's plan reaches the script (``Channel``), or why not;
-* ``initial``: the batch settings the command itself sets (with the framework's defaults);
+* ``initial``: the batch settings the command itself sets (``defaults``: the framework's own);
 * ``render``: the worker arguments for a plan and a checkpoint to resume from;
 * ``checkpoint_dir``: where the script saves, read from the command;
 * ``completed`` / ``reported``: what the framework itself says about an attempt (that training
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -154,6 +154,7 @@ class Job:
 
 class Framework(Protocol):
     name: str
+    defaults: Mapping[str, int]  # batch settings the framework uses when the command gives none
 
     def detect(self, job: Job) -> str | None: ...
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from dssup.jobreport import ReportRecord, Started
@@ -84,6 +86,10 @@ def _finished(state: dict[str, Any] | None) -> bool:
 
 class HuggingFaceTrainer:
     name = "hf-trainer"
+    # TrainingArguments' own defaults, the plan's starting point where the command gives none
+    defaults: Mapping[str, int] = MappingProxyType(
+        {"micro_batch": DEFAULT_MICRO, "grad_accum": DEFAULT_ACCUM}
+    )
 
     def detect(self, job: Job) -> str | None:
         parser = job.source.mentions(*_PARSERS)
@@ -129,10 +135,14 @@ class HuggingFaceTrainer:
         return out
 
     def initial(self, job: Job) -> dict[str, Any]:
+        """What the command sets (HF's defaults are ``defaults``, used where they agree)."""
         if self._json_args(job):
             return {}
-        micro, accum = hf_batch(job.args)
-        found: dict[str, Any] = {"micro_batch": micro, "grad_accum": accum}
+        found: dict[str, Any] = {}
+        for knob, names in (("micro_batch", MICRO), ("grad_accum", ACCUM)):
+            raw = flag_value(job.args, names)
+            if raw and raw.isdigit():
+                found[knob] = int(raw)
         switch = flag_value(job.args, CKPT)
         if switch is not None and switch.lower() in _TRUE:
             found["recompute"] = "full"

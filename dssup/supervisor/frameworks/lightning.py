@@ -11,7 +11,9 @@ a ``Trainer`` themselves are plain scripts to dssup (they receive what they defi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from dssup.jobreport import ReportRecord
@@ -29,6 +31,7 @@ ROOT = ("--trainer.default_root_dir",)
 
 class Lightning:
     name = "lightning-cli"
+    defaults: Mapping[str, int] = MappingProxyType({})  # no defaults of its own
 
     def detect(self, job: Job) -> str | None:
         return "the script runs LightningCLI" if job.source.mentions("LightningCLI") else None

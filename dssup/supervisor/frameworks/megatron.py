@@ -13,7 +13,9 @@ which become the job-side report's ``started`` record.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from dssup.jobreport import ReportRecord, Started
@@ -45,6 +47,7 @@ _EVIDENCE = "Megatron's arguments always accept it"
 
 class Megatron:
     name = "megatron"
+    defaults: Mapping[str, int] = MappingProxyType({})  # no defaults of its own
 
     def detect(self, job: Job) -> str | None:
         if found := job.source.mentions("from megatron", "import megatron"):

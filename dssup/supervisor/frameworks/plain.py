@@ -16,7 +16,9 @@ which flag to add. The checkpoint directory comes from ``--checkpoint-dir``-styl
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from dssup.jobreport import ReportRecord
@@ -87,6 +89,7 @@ def _missing(job: Job, knob: str, what: str, flags: tuple[str, ...] = ()) -> Cha
 
 class Plain:
     name = "plain"
+    defaults: Mapping[str, int] = MappingProxyType({})  # no defaults of its own
 
     def detect(self, job: Job) -> str | None:
         return "no framework recognised: the script receives what it defines"

@@ -25,9 +25,11 @@ import signal
 import time
 from typing import Any
 
+from dssup.supervisor.aftermath import rank0_output
 from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
 from dssup.supervisor.command import LaunchCommand
+from dssup.supervisor.jobview import JobView
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.multinode.agree import Agreement, Proposal, usable_nodes
@@ -262,7 +264,7 @@ class MultiNodeSupervisor(Supervisor):
         spec = build_spec(
             self.command, state.plan, number=number, run_id=self.config.run_id,
             run_dir=self.config.run_dir, resume=resume, checkpoint_dir=self.config.checkpoint_dir,
-            adapters=self.adapters,
+            adapters=self.adapters, view=self.view,
         )  # fmt: skip
         spec.env.setdefault("LOGLEVEL", "INFO")
         spec.env["DSSUP_GENERATION"] = str(d.generation)
@@ -295,7 +297,9 @@ class MultiNodeSupervisor(Supervisor):
         )  # fmt: skip
         if merged is not None and merged.kind.is_oom:
             state.tried.add(state.plan.key())
-        result.report = self._job_report(journal, number, spec.dir, state)
+        output = JobView.output(rank0_output(self.command, spec.dir))
+        derived = self.view.reported(output) if self.view is not None else []
+        result.report = self._job_report(journal, number, spec.dir, state, derived)
         self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(merged.kind.value if merged else "success")
         self._write_metrics()
