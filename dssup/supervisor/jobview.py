@@ -18,13 +18,22 @@ from typing import Any
 from dssup.jobreport import ReportRecord
 from dssup.supervisor.adapters import Objection
 from dssup.supervisor.checkpoints import CheckpointRef, unrecognised
-from dssup.supervisor.frameworks import Framework, Job
+from dssup.supervisor.frameworks import Channel, Framework, Job
 from dssup.supervisor.handoff import HandOff
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 
 __all__ = ["JobView"]
 
 _OUTPUT_LIMIT = 8 << 20  # bytes of rank 0's output read after an attempt
+# plan knob -> the DSSUP_* variable read_plan takes it from (dssup.runtime.plan._KNOB_VARS)
+_ENV = {
+    "micro_batch": "DSSUP_MICRO_BATCH_SIZE",
+    "grad_accum": "DSSUP_GRAD_ACCUM_STEPS",
+    "recompute": "DSSUP_RECOMPUTE",
+    "zero_stage": "DSSUP_ZERO_STAGE",
+    "offload": "DSSUP_OFFLOAD",
+    "resume": "DSSUP_RESUME_FROM",
+}
 
 
 @dataclass
@@ -58,6 +67,22 @@ class JobView:
             return None
 
         return objection
+
+    def learn(self, records: Sequence[dict[str, Any]]) -> list[str]:
+        """Knobs the job's own report shows it takes from the environment (``env_knobs`` of
+        its ``started`` records, written by ``read_plan``) become received by the environment:
+        evidence stronger than its source (a wrapper script, a module it loads). Returns the
+        knobs newly received."""
+        taken = {k for r in records if r.get("type") == "started" for k in r.get("env_knobs") or ()}
+        channels, learned = dict(self.handoff.channels), []
+        for knob in sorted(taken & set(_ENV)):
+            if not channels.get(knob, Channel(knob=knob, via="none")).receives:
+                channels[knob] = Channel(knob=knob, via="env", name=_ENV[knob],
+                                         evidence="the job's report says read_plan took it")  # fmt: skip
+                learned.append(knob)
+        if learned:
+            self.handoff = self.handoff.model_copy(update={"channels": channels})
+        return learned
 
     # --- one attempt ---------------------------------------------------------------------
     def render(

@@ -130,7 +130,8 @@ def _handoff(rec: dict[str, Any]) -> str:
         ("micro_batch", "micro-batch"), ("grad_accum", "accumulation"),
         ("recompute", "recompute"), ("resume", "resume"))]  # fmt: skip
     where = rec.get("checkpoint_dir") or "no checkpoint directory"
-    text = (f"Hand-off ({rec.get('launcher')}, framework {rec.get('framework')}): "
+    again = f" (updated after attempt {rec['after_attempt']})" if rec.get("after_attempt") else ""
+    text = (f"Hand-off{again} ({rec.get('launcher')}, framework {rec.get('framework')}): "
             f"{'; '.join(parts)}; checkpoints in {where}.")  # fmt: skip
     return text + "".join(f" Warning: {w}." for w in rec.get("warnings") or [])
 

@@ -119,6 +119,8 @@ class Supervisor:
         if self.view is None:
             return
         plan = replay(journal, self.config.initial_plan).plan
+        for rec in journal.of_type("job-report"):  # a restarted supervisor relearns
+            self.view.learn(rec.get("records") or [])
         if journal.last("handoff") is None:
             journal.append("handoff", **self.view.handoff.model_dump(mode="json"))
         for line in self.view.handoff.lines(plan):
@@ -369,8 +371,22 @@ class Supervisor:
         state: RunState,
         derived: Sequence[ReportRecord] = (),
     ) -> AttemptReport:
-        """Read and journal what the job reported (and its framework printed: ``derived``)."""
-        return journal_report(journal, number, attempt_dir, state.plan, derived, self._say)
+        """Read and journal what the job reported (and its framework printed: ``derived``),
+        and learn from it which knobs the job takes from the environment."""
+        report = journal_report(journal, number, attempt_dir, state.plan, derived, self._say)
+        self._learn(journal, report.records, number)
+        return report
+
+    def _learn(self, journal: Journal, records: Sequence[dict[str, Any]], after: int) -> None:
+        if self.view is None:
+            return
+        learned = self.view.learn(records)
+        if learned:
+            journal.append(
+                "handoff", after_attempt=after, **self.view.handoff.model_dump(mode="json")
+            )
+            names = ", ".join(self.view.handoff.channels[k].name for k in learned)
+            self._say(f"hand-off: the job's report shows it reads {names}: those knobs can change")
 
     def _assess(self, journal: Journal, number: int, attempt_dir: Path) -> None:
         """Journal what adapters judge of the attempt that just ended (loss continuity)."""
@@ -381,7 +397,9 @@ class Supervisor:
         """Training finished; a recovery that an adapter judged broken still fails the run."""
         broken = [r for r in journal.of_type("continuity") if not r.get("ok", True)]
         if not broken:
-            return self._end(journal, state, "succeeded", "training finished", 0)
+            last = (journal.last("attempt-ended") or {}).get("failure") or {}
+            after = f" (then, as teardown: {clip(last.get('message', ''), 200)})" if last else ""
+            return self._end(journal, state, "succeeded", f"training finished{after}", 0)
         first = broken[0]
         reason = (
             f"training finished, but the recovery failed: attempt {first['attempt']} "

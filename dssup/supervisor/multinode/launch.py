@@ -25,8 +25,14 @@ _GROUP_WORLD = re.compile(r"\bgroup_world_size=(\d+)")
 
 
 def check_elastic_command(cmd: LaunchCommand) -> None:
-    """Multi-node dssup needs a dynamic rendezvous: a static one pins node ranks to the
-    original world, so a smaller or larger generation could not form."""
+    """Multi-node dssup needs torchrun with a dynamic rendezvous: a static one pins node ranks
+    to the original world, so a smaller or larger generation could not form."""
+    if cmd.name != "torchrun":
+        raise ConfigError(
+            "command",
+            f"multi-node dssup (--shared-dir) drives torchrun generations, not {cmd.name}",
+            "wrap torchrun with --rdzv-backend c10d (or etcd-v2) on each node",
+        )
     backend = cmd.option("rdzv-backend") or "static"
     if backend not in DYNAMIC_BACKENDS:
         raise ConfigError(

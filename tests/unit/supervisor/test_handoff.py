@@ -115,3 +115,19 @@ def test_nothing_fits_is_said_in_gib_and_the_builtin_ladder_still_runs():
     note = next(s for s in planner.skipped if s.startswith("memory-model"))
     assert "nothing that fits 4.00 GiB" in note and "GiB over" in note
     assert remedy is not None and remedy.step == "halve-micro-batch"
+
+
+def test_the_jobs_report_is_evidence_the_source_could_not_give(tmp_path):
+    """A wrapper that runs the real script (its source names nothing) is shown by the job's
+    own report to take the batch from DSSUP_*: the halving becomes usable."""
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("import runpy\nrunpy.run_path('train.py', run_name='__main__')\n")
+    view = _view(tmp_path, wrapper)
+    state = RunState(plan=P16, tried={P16.key()})
+    assert RemedyPlanner.default().decide(OOM, P16, _context(view, state)) is None
+    started = {"type": "started", "rank": 0, "env_knobs": ["grad_accum", "micro_batch", "resume"]}
+    assert view.learn([started]) == ["grad_accum", "micro_batch", "resume"]
+    assert view.handoff.channels["grad_accum"].name == "DSSUP_GRAD_ACCUM_STEPS"
+    remedy = RemedyPlanner.default().decide(OOM, P16, _context(view, state))
+    assert remedy is not None and (remedy.plan.micro_batch, remedy.plan.grad_accum) == (8, 2)
+    assert view.learn([started]) == []  # already known
