@@ -3,11 +3,18 @@ micro-batch is above 4, after writing the wall-clock time of its death to
 ``$BENCH_DEATH_FILE.<attempt>``; otherwise both ranks finish at once. Start-up is torch import
 and a gloo group, nothing else, so launches are as cheap as torchrun allows. With
 ``BENCH_NO_RECORD=1`` the entry point is not wrapped in torchelastic's ``@record`` (no error
-file: the traceback on stderr is all dssup sees), as in most scripts."""
+file: the traceback on stderr is all dssup sees), as in most scripts. With
+``BENCH_START_FILE`` rank 1 also writes when its process started (before importing torch), so
+a launcher's own relaunch can be timed from the outside."""
 
 import os
 import sys
 import time
+
+if os.environ.get("BENCH_START_FILE") and os.environ.get("RANK") == "1":  # before any import
+    _restart = os.environ.get("DSSUP_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    with open(f"{os.environ['BENCH_START_FILE']}.{_restart}", "w") as _fh:
+        _fh.write(repr(time.time()))
 
 import torch
 import torch.distributed as dist

@@ -41,6 +41,7 @@ __all__ = [
     "ScriptSource",
     "flag_value",
     "has_flag",
+    "int_flags",
     "read_source",
     "set_flag",
 ]
@@ -212,6 +213,16 @@ def flag_value(args: Sequence[str], name: str | Sequence[str]) -> str | None:
             found = args[i + 1]
         else:
             found = ""
+    return found
+
+
+def int_flags(args: Sequence[str], flags: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """``{knob: value}`` for each knob whose flag the command passes with a whole number."""
+    found = {}
+    for knob, names in flags.items():
+        raw = flag_value(args, names)
+        if raw and raw.isdigit():
+            found[knob] = int(raw)
     return found
 
 

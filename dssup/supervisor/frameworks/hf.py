@@ -31,7 +31,7 @@ from typing import Any
 
 from dssup.jobreport import ReportRecord, Started
 from dssup.supervisor.checkpoints import CheckpointRef
-from dssup.supervisor.frameworks.base import Channel, Job, flag_value, has_flag, set_flag
+from dssup.supervisor.frameworks.base import Channel, Job, flag_value, has_flag, int_flags, set_flag
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["HF", "HuggingFaceTrainer", "hf_batch"]
@@ -138,11 +138,9 @@ class HuggingFaceTrainer:
         """What the command sets (HF's defaults are ``defaults``, used where they agree)."""
         if self._json_args(job):
             return {}
-        found: dict[str, Any] = {}
-        for knob, names in (("micro_batch", MICRO), ("grad_accum", ACCUM)):
-            raw = flag_value(job.args, names)
-            if raw and raw.isdigit():
-                found[knob] = int(raw)
+        found: dict[str, Any] = dict(
+            int_flags(job.args, {"micro_batch": MICRO, "grad_accum": ACCUM})
+        )
         switch = flag_value(job.args, CKPT)
         if switch is not None and switch.lower() in _TRUE:
             found["recompute"] = "full"

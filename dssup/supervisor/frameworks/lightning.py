@@ -18,7 +18,7 @@ from typing import Any
 
 from dssup.jobreport import ReportRecord
 from dssup.supervisor.checkpoints import CheckpointRef
-from dssup.supervisor.frameworks.base import Channel, Job, flag_value, has_flag, set_flag
+from dssup.supervisor.frameworks.base import Channel, Job, flag_value, has_flag, int_flags, set_flag
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["LIGHTNING", "Lightning"]
@@ -68,11 +68,9 @@ class Lightning:
         }
 
     def initial(self, job: Job) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for knob, names in (("micro_batch", BATCH), ("grad_accum", ACCUM)):
-            raw = flag_value(job.args, names)
-            if raw and raw.isdigit():
-                found[knob] = int(raw)
+        found: dict[str, Any] = dict(
+            int_flags(job.args, {"micro_batch": BATCH, "grad_accum": ACCUM})
+        )
         return found
 
     def render(

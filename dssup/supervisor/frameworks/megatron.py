@@ -26,6 +26,7 @@ from dssup.supervisor.frameworks.base import (
     drop_flag,
     flag_value,
     has_flag,
+    int_flags,
     set_flag,
 )
 from dssup.supervisor.models import TrainingPlan
@@ -81,11 +82,9 @@ class Megatron:
         }
 
     def initial(self, job: Job) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for knob, names in (("micro_batch", MICRO), ("global_batch", GLOBAL)):
-            raw = flag_value(job.args, names)
-            if raw and raw.isdigit():
-                found[knob] = int(raw)
+        found: dict[str, Any] = dict(
+            int_flags(job.args, {"micro_batch": MICRO, "global_batch": GLOBAL})
+        )
         gran = flag_value(job.args, GRANULARITY)
         if gran in {"selective", "full"}:
             found["recompute"] = gran

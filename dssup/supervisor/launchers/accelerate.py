@@ -34,6 +34,7 @@ from dssup.supervisor.launchers.base import (
     World,
     gpu_count,
     parse_int,
+    spellings,
 )
 from dssup.supervisor.launchers.torchrun import torchrun_rank_logs
 
@@ -172,12 +173,7 @@ _SINGLE = {"help", "quiet", "tee", "module", "role", "vm", "env", "cpu", "tpu", 
 
 
 def _spellings(name: str) -> list[str]:
-    out = [f"--{name}"]
-    if name not in _SINGLE:
-        out.append("--" + name.replace("_", "-"))
-    if name in _SHORT:
-        out.append(_SHORT[name])
-    return out
+    return spellings(name, _SINGLE, _SHORT)
 
 
 TABLE = OptionTable.build(

@@ -27,6 +27,7 @@ __all__ = [
     "RankLogSource",
     "World",
     "gpu_count",
+    "spellings",
 ]
 
 FIELD = "the command after --"
@@ -215,6 +216,18 @@ class LaunchCommand:
         """The command to run: the user's launcher options, then dssup's, then the script."""
         args = self.script_args if script_args is None else script_args
         return [*self.prefix, *self.launcher_args, *extra_launcher, self.script, *args]
+
+
+def spellings(name: str, single: set[str], short: dict[str, str]) -> list[str]:
+    """How argparse spells an option: ``--name``, the other separator's form (``--nproc-per-node``
+    and ``--nproc_per_node``) unless it has only one, and a short form where there is one."""
+    out = [f"--{name}"]
+    if name not in single:
+        other = name.replace("-", "_") if "-" in name else name.replace("_", "-")
+        out.append(f"--{other}")
+    if name in short:
+        out.append(short[name])
+    return out
 
 
 def gpu_count() -> int:

@@ -21,6 +21,7 @@ from dssup.supervisor.launchers.base import (
     World,
     gpu_count,
     parse_int,
+    spellings,
 )
 
 __all__ = ["TORCHRUN", "TORCHRUN_FLAGS", "TORCHRUN_OPTIONS", "Torchrun", "torchrun_rank_logs"]
@@ -38,12 +39,7 @@ _SHORT = {"redirects": "-r", "tee": "-t", "module": "-m", "help": "-h"}
 
 
 def _spellings(name: str) -> list[str]:
-    out = [f"--{name}"]
-    if name not in _SINGLE:
-        out.append("--" + name.replace("-", "_"))
-    if name in _SHORT:
-        out.append(_SHORT[name])
-    return out
+    return spellings(name, _SINGLE, _SHORT)
 
 
 TABLE = OptionTable.build(
