@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedStage, prepare, states
+from dssup.memory.core import PreparedStage, States, prepare, states
 from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
 from dssup.memory.defaults import Resolved, resolve
+from dssup.memory.offload import host_states, with_overhead
 from dssup.memory.params import model_total
 from dssup.memory.spec import ModelSpec
 from dssup.memory.validate import divisors, validate
@@ -51,6 +52,10 @@ class PlanRequest(BaseModel):
     margin: float = Field(0.05, ge=0, lt=1, description="fraction of GPU memory kept free")
     cost: CostModel = Field(default_factory=CostModel)
     limit: int = Field(50, ge=1, description="most candidates returned")
+    host_memory_bytes: int | None = Field(
+        None, gt=0, description="host memory per node, bytes; None = not checked"
+    )
+    gpus_per_node: int = Field(8, ge=1, description="GPUs sharing one host (per node)")
 
 
 class Candidate(BaseModel):
@@ -66,6 +71,9 @@ class Candidate(BaseModel):
     headroom_bytes: int
     step_time_s: float
     cost_terms: dict[str, float]
+    host_bytes_per_node: int = Field(
+        0, description="gpus_per_node x the largest per-GPU host need (offload, model build)"
+    )
 
 
 class PlanResult(BaseModel):
@@ -74,6 +82,10 @@ class PlanResult(BaseModel):
     evaluated: int = Field(description="configs whose memory was computed")
     fitting: int = Field(description="configs that fit (before the limit)")
     closest: Candidate | None = Field(description="smallest peak among those that do not fit")
+    host_limited: int = Field(0, description="configs that fit the GPU but not the host memory")
+    host_limited_bytes: int | None = Field(
+        None, description="smallest host need per node among the host-limited configs"
+    )
 
 
 def _world(req: PlanRequest) -> int:
@@ -129,7 +141,7 @@ def _active_params(m: ModelSpec) -> int:
 
 
 _Key = tuple[int, int, bool, bool, Recompute]
-_Hit = tuple[float, int, Layout, _Key, int, str, int, int, int]
+_Hit = tuple[float, int, Layout, _Key, int, str, int, int, int, int]
 
 
 class _Row(NamedTuple):
@@ -164,6 +176,11 @@ class _Search:
         self.evaluated = 0
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
+        self.host_budget = req.host_memory_bytes or (1 << 62)
+        self.host_limited = 0
+        self.host_limited_bytes: int | None = None
+        self.gpu_fits = 0
+        self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
     def layout(self, layout: Layout) -> None:
         req, r = self.req, self.r
@@ -194,13 +211,14 @@ class _Search:
                 # Probe the least memory-hungry config (most recompute, smallest micro-batch):
                 # every other one of this (ZeRO, offload) needs at least as much, so if it does
                 # not fit none does, and all are decided exactly without being swept.
-                before = len(self.fitting)
+                before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
                 args = (rows, gpu_params)
                 self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
-                if len(self.fitting) == before:
+                if self.gpu_fits == gpu_fits:
                     self.evaluated += len(req.recompute) * len(micro) - 1
                     continue
                 del self.fitting[before:]  # the sweeps below evaluate it again
+                self.gpu_fits, self.host_limited = gpu_fits, limited
                 self.evaluated -= 1
                 for rc in req.recompute:
                     self._sweep(
@@ -250,6 +268,8 @@ class _Search:
             r.precision.gradients,
         )
         fitting = self.fitting
+        host_1, host_m = self._host
+        host_budget = self.host_budget
         i = -1
         for i, b in enumerate(micro):
             m = rows // b
@@ -265,14 +285,23 @@ class _Search:
             total = best + math.ceil(best * frag) + extra
             phase = "forward-backward" if fb_best >= row.opt else "optimizer-step"
             key = (zero, b, off_opt, off_par, rc)
+            host = host_1 if m == 1 else host_m
             if total <= budget:
+                self.gpu_fits += 1
+                if host > host_budget:  # fits the GPU, not the host: does not fit
+                    self.host_limited += 1
+                    if self.host_limited_bytes is None or host < self.host_limited_bytes:
+                        self.host_limited_bytes = host
+                    continue
                 seconds = sum(cost_at(curve, b, m, row.shard))
                 fitting.append(
-                    (seconds, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+                    (seconds, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host)
                 )
                 continue
             if self.closest is None or total < self.closest[1]:
-                self.closest = (0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+                self.closest = (
+                    0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host
+                )  # fmt: skip
             # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
             # rows)), so every larger micro-batch is decided too: it does not fit either.
             self.evaluated += len(micro) - i - 1
@@ -280,12 +309,18 @@ class _Search:
         self.evaluated += min(len(micro), i + 1)
 
     def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
+        """The inner loop's rows; sets ``self._host`` (host bytes per node with one micro-batch
+        per step, and with accumulation) from the same states."""
         out = []
+        host_1 = host_m = 0
+        accum = knobs.offload_optimizer and knobs.zero_stage < 3 and self.req.convention != "paper"
         pp, sched = layout.pp, layout.schedule
         factor = 1.0 + (pp - 1) / (pp * layout.vpp) if sched == "interleaved" else 1.0
         fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
+            host_1 = max(host_1, s.host, s.host_init)
+            host_m = max(host_m, s.host_init, self._accumulating(s, knobs) if accum else s.host)
             out.append(
                 _Row(
                     g.index,
@@ -300,10 +335,18 @@ class _Search:
                     s.static + (s.tail or 0) + self.r.comm_buffer_bytes,
                 )
             )
+        n = self.req.gpus_per_node
+        self._host = (host_1 * n, host_m * n)
         return out
 
+    def _accumulating(self, s: States, knobs: Training) -> int:
+        """Host bytes per GPU of ``s`` when the step accumulates micro-batches (DeepSpeed keeps
+        a 16-bit gradient copy on the host between micro-steps), exactly as ``estimate``."""
+        exact = host_states(s.ms.shard_params, knobs.zero_stage, self.r.precision, True, False, 2)
+        return with_overhead(exact, self.ov.host_overhead)
+
     def candidate(self, hit: _Hit) -> Candidate:
-        _, total, layout, key, stage, phase, m, shard, gpu_params = hit
+        _, total, layout, key, stage, phase, m, shard, gpu_params, host = hit
         zero, b, off_opt, off_par, rc = key
         t = self.req.training.model_copy(
             update={
@@ -336,6 +379,7 @@ class _Search:
             headroom_bytes=self.req.gpu_memory_bytes - total,
             step_time_s=cost["total"],
             cost_terms=cost,
+            host_bytes_per_node=host,
         )
 
 
@@ -351,5 +395,10 @@ def plan(req: PlanRequest) -> PlanResult:
     if not chosen and search.closest is not None:
         closest = search.candidate(search.closest)
     return PlanResult(
-        candidates=chosen, evaluated=search.evaluated, fitting=len(search.fitting), closest=closest
+        candidates=chosen,
+        evaluated=search.evaluated,
+        fitting=len(search.fitting),
+        closest=closest,
+        host_limited=search.host_limited,
+        host_limited_bytes=search.host_limited_bytes,
     )
