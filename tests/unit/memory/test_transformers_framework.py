@@ -49,17 +49,21 @@ def predict(run: dict[str, Any]) -> Estimate:
     return _PREDICTED[id(run)]
 
 
-def _predict(run: dict[str, Any]) -> Estimate:
-    t = Training(
-        micro_batch=run["micro_batch"],
-        seq_len=run["seq_len"],
-        recompute="full" if run["checkpointing"] else "none",
+def _training(knobs: dict[str, Any]) -> Training:
+    """The measured step as dssup's transformers framework sees it (uncalibrated)."""
+    return Training(
+        micro_batch=knobs["micro_batch"],
+        seq_len=knobs["seq_len"],
+        recompute="full" if knobs["checkpointing"] else "none",
         framework="transformers",
-        precision=PRECISION[run["dtype"]],
-        attention=run["attention"],
-        optimizer=run["optimizer"],
+        precision=PRECISION[knobs["dtype"]],
+        attention=knobs["attention"],
+        optimizer=knobs.get("optimizer", "foreach"),
     )
-    return estimate(_spec(run["config"]), Layout(), t, CPU)
+
+
+def _predict(run: dict[str, Any]) -> Estimate:
+    return estimate(_spec(run["config"]), Layout(), _training(run), CPU)
 
 
 def _error(run: dict[str, Any]) -> float:
@@ -185,18 +189,8 @@ def test_accuracy_band_on_the_calibration_dataset() -> None:
     doc = json.loads(HF_DATASET.read_text())
     errors = []
     for r in doc["runs"]:
-        k = r["knobs"]
         cfg = json.loads((HF_DATASET.parent / "hf_models" / f"{r['model']}.json").read_text())
-        t = Training(
-            micro_batch=k["micro_batch"],
-            seq_len=k["seq_len"],
-            recompute="full" if k["checkpointing"] else "none",
-            framework="transformers",
-            precision=PRECISION[k["dtype"]],
-            attention=k["attention"],
-            optimizer=k.get("optimizer", "foreach"),
-        )
-        est = estimate(model_from_hf_config(cfg), Layout(), t, CPU)
+        est = estimate(model_from_hf_config(cfg), Layout(), _training(r["knobs"]), CPU)
         errors.append((est.peak_bytes - r["peak_bytes"]) / r["peak_bytes"])
     inside = sum(-0.05 <= e <= 0.10 for e in errors)
     assert inside >= 0.9 * len(errors), sorted(errors)[:5]
