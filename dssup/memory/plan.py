@@ -10,6 +10,7 @@ using exactly the arithmetic of ``estimate`` (so a planned config re-estimates t
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -18,11 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedStage, States, prepare, states
+from dssup.memory.core import PreparedDevice, States, device_in_flight, prepare, states, tails
 from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.offload import host_states, with_overhead
 from dssup.memory.params import model_total
+from dssup.memory.schedule import check_micro_batches
 from dssup.memory.spec import ModelSpec
 from dssup.memory.validate import divisors, validate
 
@@ -122,14 +124,30 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
                 )
 
 
-def _groups(stages: list[PreparedStage]) -> list[PreparedStage]:
-    """One stage per kind: stages with equal parameters and activations peak at the lowest
-    index (it holds the most in-flight micro-batches), so only that one can be the peak."""
-    seen: dict[tuple[object, ...], PreparedStage] = {}
-    for st in stages:
-        key = (st.params.split, tuple(sorted(st.acts.items())), st.params.largest_layer)
-        seen.setdefault(key, st)
+def _groups(devices: list[PreparedDevice], layout: Layout) -> list[PreparedDevice]:
+    """One device per kind. 1F1B: devices with equal parameters and activations peak at the
+    lowest index (it holds the most in-flight micro-batches); DualPipe: ranks i and PP-1-i
+    hold the same two stages with the same counts; interleaved: every rank differs."""
+    if layout.schedule == "interleaved" and layout.pp > 1:
+        return devices
+    seen: dict[tuple[object, ...], PreparedDevice] = {}
+    for dev in devices:
+        if layout.schedule == "dualpipe":
+            key: tuple[object, ...] = tuple(sorted(st.index for st in dev.stages))
+        else:
+            st = dev.stages[0]
+            key = (dev.split, tuple(sorted(st.acts.items())), dev.largest_layer)
+            key += (tuple(sorted(st.work.items())), st.params.embedding * st.params.first)
+        seen.setdefault(key, dev)
     return list(seen.values())
+
+
+def _valid_accumulation(layout: Layout, m: int) -> bool:
+    try:
+        check_micro_batches(layout, m)
+    except ConfigError:
+        return False
+    return True
 
 
 def _active_params(m: ModelSpec) -> int:
@@ -145,23 +163,30 @@ _Hit = tuple[float, int, Layout, _Key, int, str, int, int, int, int]
 
 
 class _Row(NamedTuple):
-    """One stage kind under one (ZeRO, offload) choice: what the inner loop reads."""
+    """One device kind under one (ZeRO, offload) choice: what the inner loop reads."""
 
     stage: int
     depth: int  # pp - index: 1F1B in-flight bound
     fixed: int  # in-flight count independent of m (pp == 1, DualPipe); 0 = use depth/m
-    factor: float
-    acts: dict[Recompute, int]
+    acts: dict[Recompute, int]  # per-sample bytes of one in-flight unit (DualPipe: all of them)
+    work: dict[Recompute, int]  # per-sample backward working set, once per device
+    const: dict[Recompute, int]  # batch-independent saved bytes (autocast copies)
+    table: dict[Recompute, dict[int, int]] | None  # interleaved: m -> in-flight per-sample bytes
     base_fb: int
     opt: int
     shard: int
-    tail: dict[Recompute, int] | None  # eager end of backward: per-sample bytes by level
-    tail_base: int  # eager end of backward: batch-independent bytes (with static, buffers)
+    # later backward moments (eager end of backward, freed gradients): per level, pairs of
+    # (batch-independent bytes with static and buffers, per-sample bytes)
+    tails: dict[Recompute, tuple[tuple[int, int], ...]]
 
 
-def _tail(row: _Row, rc: Recompute) -> tuple[int, int]:
-    """(per-sample, batch-independent) end-of-backward bytes of ``row``; (0, -1) without."""
-    return (row.tail[rc], row.tail_base) if row.tail is not None else (0, -1)
+_NO_TAILS: dict[Recompute, tuple[tuple[int, int], ...]] = dict.fromkeys(RECOMPUTE_LEVELS, ())
+
+
+def _monotone(table: dict[int, int], micro: list[int], rows: int) -> bool:
+    """Whether b * in-flight bytes never falls as b grows (so a miss decides larger b too)."""
+    seq = [table[rows // b] * b for b in micro]
+    return all(x <= y for x, y in itertools.pairwise(seq))
 
 
 class _Search:
@@ -171,6 +196,9 @@ class _Search:
         self.req = req
         self.ov = req.overheads or Overheads()
         self.r: Resolved = resolve(req.convention, req.training, self.ov)
+        # Eager frameworks checkpoint whole layers only: no selective level to search.
+        eager = req.convention == "megatron" and self.r.framework in ("transformers", "deepspeed")
+        self.levels = tuple(rc for rc in req.recompute if not (eager and rc == "selective"))
         self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
         self.active = _active_params(req.model)
         self.evaluated = 0
@@ -185,45 +213,69 @@ class _Search:
     def layout(self, layout: Layout) -> None:
         req, r = self.req, self.r
         try:
-            validate(req.model, layout, req.training)
+            validate(req.model, layout, req.training, r, accumulation=False)
         except ConfigError:
             if req.search_parallelism:
                 return
             raise
-        groups = _groups(prepare(req.model, layout, req.training, req.convention, r))
-        gpu_params = max(g.params.split.total for g in groups)
+        groups = _groups(prepare(req.model, layout, req.training, req.convention, r), layout)
+        gpu_params = max(g.split.total for g in groups)
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
+        micro = [b for b in micro if _valid_accumulation(layout, rows // b)]
+        if not micro:
+            return
         offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
-        deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
+        # Frameworks that free gradients between steps hold them in forward/backward only when
+        # accumulating: the single-micro-batch config (m = 1) is swept on its own.
+        split = req.convention == "megatron" and (
+            r.framework == "transformers" or req.training.implementation is not None
+        )
+        parts: list[tuple[list[int], int | None]] = [(micro, None)]
+        if split and rows in micro:
+            parts = [(micro[:-1], 2), ([rows], 1)] if len(micro) > 1 else [([rows], 1)]
         for zero in req.zero_stages:
             for off_opt, off_par in offloads:
                 if off_par and zero != 3:
                     continue
-                knobs = req.training.model_copy(
-                    update={
+                for part, accum in parts:
+                    update: dict[str, object] = {
                         "zero_stage": zero,
                         "offload_optimizer": off_opt,
                         "offload_params": off_par,
                     }
-                )
-                rows_st = self._rows(layout, groups, knobs)
-                # Probe the least memory-hungry config (most recompute, smallest micro-batch):
-                # every other one of this (ZeRO, offload) needs at least as much, so if it does
-                # not fit none does, and all are decided exactly without being swept.
-                before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
-                args = (rows, gpu_params)
-                self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
-                if self.gpu_fits == gpu_fits:
-                    self.evaluated += len(req.recompute) * len(micro) - 1
-                    continue
-                del self.fitting[before:]  # the sweeps below evaluate it again
-                self.gpu_fits, self.host_limited = gpu_fits, limited
-                self.evaluated -= 1
-                for rc in req.recompute:
-                    self._sweep(
-                        layout, rows_st, zero, off_opt, off_par, rc, micro, rows, gpu_params
-                    )
+                    if accum is not None:
+                        update["grad_accum"] = accum
+                    knobs = req.training.model_copy(update=update)
+                    self._configs(layout, groups, knobs, part, rows, gpu_params)
+
+    def _configs(
+        self,
+        layout: Layout,
+        groups: list[PreparedDevice],
+        knobs: Training,
+        micro: list[int],
+        rows: int,
+        gpu_params: int,
+    ) -> None:
+        """Every (recompute, micro-batch) of one (ZeRO, offload) choice."""
+        zero, off_opt, off_par = knobs.zero_stage, knobs.offload_optimizer, knobs.offload_params
+        deepest = max(self.levels, key=RECOMPUTE_LEVELS.index)
+        rows_st = self._rows(layout, groups, knobs, micro)
+        # Probe the least memory-hungry config (most recompute, smallest micro-batch):
+        # every other one of this (ZeRO, offload) needs at least as much, so if it does
+        # not fit none does, and all are decided exactly without being swept.
+        before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
+        args = (rows, gpu_params)
+        self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
+        if self.gpu_fits == gpu_fits:
+            self.evaluated += len(self.levels) * len(micro) - 1
+            return
+        del self.fitting[before:]  # the sweeps below evaluate it again
+        self.gpu_fits, self.host_limited = gpu_fits, limited
+        self.evaluated -= 1
+        for rc in self.levels:
+            self._sweep(layout, rows_st, zero, off_opt, off_par, rc, micro, *args)
 
     def _sweep(
         self,
@@ -244,11 +296,23 @@ class _Search:
             r.cuda_context_bytes + ov.calibration_bytes,
             self.budget,
         )
-        # Without an eager end-of-backward term its bytes are -1: never above the peak.
         table = [
-            (g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt, *_tail(g, rc))
+            (
+                g,
+                g.fixed,
+                g.depth,
+                g.acts[rc],
+                None if g.table is None else g.table[rc],
+                g.base_fb + g.const[rc],
+                g.work[rc],
+                g.opt,
+                g.tails[rc],
+            )
             for g in rows_st
         ]
+        monotone = rows_st[0].table is None or all(
+            _monotone(g.table[rc], micro, rows) for g in rows_st if g.table is not None
+        )
         req = self.req
         curve = cost_curve(
             req.cost,
@@ -274,11 +338,11 @@ class _Search:
         for i, b in enumerate(micro):
             m = rows // b
             best, row, fb_best = -1, rows_st[0], 0
-            for g, fixed, depth, a, base_fb, opt, tail_a, tail_base in table:
-                fb = max(  # the eager end of backward can top the start of backward
-                    base_fb + math.ceil(a * b * (fixed or (depth if depth < m else m))),
-                    tail_base + tail_a * b,
-                )
+            for g, fixed, depth, a, vt, base_fb, work, opt, later in table:
+                acts = a * (fixed or (depth if depth < m else m)) if vt is None else vt[m]
+                fb = base_fb + (acts + work) * b
+                for const, per in later:  # a later backward moment can top its start
+                    fb = max(fb, const + per * b)
                 alloc = fb if fb >= opt else opt
                 if alloc > best:
                     best, row, fb_best = alloc, g, fb
@@ -303,36 +367,52 @@ class _Search:
                     0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host
                 )  # fmt: skip
             # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
-            # rows)), so every larger micro-batch is decided too: it does not fit either.
+            # rows)), so every larger micro-batch is decided too: it does not fit either
+            # (interleaved tables are checked to grow too, else the sweep goes on).
+            if not monotone:
+                continue
             self.evaluated += len(micro) - i - 1
             break
         self.evaluated += min(len(micro), i + 1)
 
-    def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
+    def _rows(
+        self, layout: Layout, groups: list[PreparedDevice], knobs: Training, micro: list[int]
+    ) -> list[_Row]:
         """The inner loop's rows; sets ``self._host`` (host bytes per node with one micro-batch
         per step, and with accumulation) from the same states."""
         out = []
         host_1 = host_m = 0
         accum = knobs.offload_optimizer and knobs.zero_stage < 3 and self.req.convention != "paper"
         pp, sched = layout.pp, layout.schedule
-        factor = 1.0 + (pp - 1) / (pp * layout.vpp) if sched == "interleaved" else 1.0
-        fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
+        rows = self.req.global_batch // layout.dp
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
             host_1 = max(host_1, s.host, s.host_init)
             host_m = max(host_m, s.host_init, self._accumulating(s, knobs) if accum else s.host)
+            acts, fixed, table = g.stages[0].acts, 1 if pp == 1 else 0, None
+            if sched == "dualpipe" and pp > 1:  # fixed counts: PP - j for each held stage j
+                acts = {rc: device_in_flight(g, layout, rc, 2 * pp)[0] for rc in RECOMPUTE_LEVELS}
+                fixed = 1
+            elif sched == "interleaved" and pp > 1:
+                table = {
+                    rc: {rows // b: device_in_flight(g, layout, rc, rows // b)[0] for b in micro}
+                    for rc in self.levels
+                }
             out.append(
                 _Row(
                     g.index,
                     pp - g.index,
                     fixed,
-                    factor,
-                    g.acts,
+                    acts,
+                    g.works,
+                    g.consts,
+                    table,
                     s.static + s.working_set + self.r.comm_buffer_bytes,
                     s.static + s.transient,
                     s.ms.shard_params,
-                    g.tail if s.tail is not None else None,
-                    s.static + (s.tail or 0) + self.r.comm_buffer_bytes,
+                    _NO_TAILS
+                    if s.tail is None and not g.stages[0].moments
+                    else {rc: tuple(tails(g, s, knobs, self.r, rc)) for rc in RECOMPUTE_LEVELS},
                 )
             )
         n = self.req.gpus_per_node

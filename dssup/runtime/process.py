@@ -50,6 +50,7 @@ def memory_cap(budget_bytes: int) -> int:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.malloc_trim(0)  # heap freed before the cap must not count as live: a looser cap
     limit = vm_size_bytes() + budget_bytes
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

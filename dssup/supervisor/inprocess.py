@@ -59,7 +59,7 @@ def _typed(records: Sequence[ReportRecord], cls: type[Any]) -> list[Any]:
 
 def refine(failure: Failure | None, attempt_dir: Path) -> Failure | None:
     """The attempt's failure with what the job's guard reported (see the module docstring)."""
-    if failure is None or failure.kind == FailureKind.INTERRUPTED:
+    if failure is None or failure.kind in {FailureKind.INTERRUPTED, FailureKind.TEARDOWN}:
         return failure
     records = read_report(report_path(attempt_dir)).records
     quits: list[InProcessGaveUp] = _typed(records, InProcessGaveUp)
@@ -150,7 +150,11 @@ def absorb(
             grad_accum=q.grad_accum, ranks=sorted({x.rank for x in quits}),
             reasons={str(x.rank): x.reason for x in quits}, error=q.error, exit_code=q.exit_code,
         )  # fmt: skip
-    elif failure is not None and _typed(typed, InProcessGuard):
+    elif (
+        failure is not None
+        and failure.kind not in {FailureKind.INTERRUPTED, FailureKind.TEARDOWN}
+        and _typed(typed, InProcessGuard)
+    ):
         where = f" on rank {failure.rank}" if failure.rank is not None else ""
         journal.append(
             "inprocess-gave-up", attempt=attempt, source="supervisor",
