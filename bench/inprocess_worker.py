@@ -252,6 +252,9 @@ def overhead(args: argparse.Namespace) -> None:
 @record
 def main() -> None:
     args = parse()
+    # torch's own kernels only, as in examples/train_guarded.py: oneDNN's primitive creation
+    # fails under the address-space cap with a message that has lost its out-of-memory status
+    torch.backends.mkldnn.enabled = False
     dist.init_process_group("gloo")
     {"accelerate": run_accelerate, "overhead": overhead}.get(args.mode, run)(args)
 

@@ -30,6 +30,8 @@ def test_cuda_oom_text_gets_allocator_setting_then_smaller_micro_batch(tmp_path)
     first = of(rec, "attempt-ended")[0]["failure"]
     assert first["rank"] == 1 and first["reserved_unallocated"] > first["tried_to_allocate"]
     assert [d["step"] for d in of(rec, "decision")] == ["alloc-conf", "halve-micro-batch"]
+    # a script without dssup.runtime.StepGuard: nothing in-process is journalled or assumed
+    assert [r["type"] for r in rec if r["type"].startswith("inprocess")] == []
     starts = of(rec, "attempt-started")
     assert "PYTORCH_CUDA_ALLOC_CONF" not in starts[0]["env"]
     assert starts[1]["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
