@@ -23,7 +23,7 @@ it; the global batch after recovery; recovered or not (a run that makes no step 
 steps with no OOM (micro-batch 8 x 2 at length 384): steps of the plain loop and of the guard
 interleaved in one job, medians and paired ratios, plus the verdict exchange alone.
 
-    .venv/bin/python bench/inprocess_recovery.py [--runs 1] [--pairs 30]
+    .venv/bin/python bench/inprocess_recovery.py [--runs 1] [--pairs 30] [--skip-recovery]
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=30, help="interleaved steps per mode (overhead)")
     p.add_argument("--hang-s", type=float, default=60.0, help="no step for this long: hung")
     p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--skip-recovery", action="store_true", help="the overhead part alone")
     args = p.parse_args()
     methods = [
         "in-process",
@@ -169,7 +170,7 @@ def main() -> None:
         "| method | OOM on | recovered | time lost (s) | normal step (s) | steps redone | global batch after | micro-batch after |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for ranks in ("1", "all"):
+    for ranks in () if args.skip_recovery else ("1", "all"):
         for method in methods:
             for _ in range(args.runs):
                 r = once(method, ranks, args.hang_s)
