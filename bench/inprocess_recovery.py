@@ -199,6 +199,9 @@ def main() -> None:
             own_ms = f"{own * 1000:.2f}" if own is not None else ""
             print(f"| {name} | {median * 1000:.1f} | {o['wall_ratio'][name]:.4f} | "
                   f"{o['cpu_ratio'][name]:.4f} | {own_ms} | {share} |")  # fmt: skip
+        print("where the time goes (median ms per step):")
+        for name, split in o["parts_s"].items():
+            print(f"  {name}: " + ", ".join(f"{k} {t * 1000:.1f}" for k, t in split.items()))
         v = o["verdict_exchange_s"]
         print(f"verdict exchange alone: {v * 1e6:.0f} us = {v / plain:.3%} of a plain step")
         print(f"load average after: {_load()}")

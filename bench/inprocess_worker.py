@@ -169,18 +169,22 @@ class _Clock:
     """Time spent in the user's work inside a guarded step (forward, backward, optimizer,
     gradient all-reduce) and in the verdict exchange (mostly waiting for the slower rank, a
     wait the plain loop has in its all-reduce): the rest of the step is the guard's own
-    bookkeeping. The exchange's own cost is measured alone, with both ranks ready."""
+    bookkeeping. The exchange's own cost is measured alone, with both ranks ready. ``parts``
+    keeps each kind of work apart, to show where a difference between the loops comes from."""
 
     def __init__(self) -> None:
         self.work = 0.0
+        self.parts: dict[str, float] = {}
 
-    def timed(self, fn):  # type: ignore[no-untyped-def]
+    def timed(self, fn, part: str):  # type: ignore[no-untyped-def]
         def inner(*a, **k):  # type: ignore[no-untyped-def]
             t0 = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                self.work += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                self.work += spent
+                self.parts[part] = self.parts.get(part, 0.0) + spent
 
         return inner
 
@@ -192,22 +196,23 @@ def overhead(args: argparse.Namespace) -> None:
     seq = args.long_seq_len
     data = tiny.batch(args, rank * share, share, seq)
     clock = _Clock()
-    fn = clock.timed(loss_fn(args, ddp, share, seq))
+    fn = clock.timed(loss_fn(args, ddp, share, seq), "forward")
+    backward = clock.timed(lambda loss: loss.backward(), "backward (plain: + overlapped sync)")
     guards = {}
     for sync in ("deferred", "last"):
         g = StepGuard(ddp, opt, global_batch=gb, micro_batch=mb, loss_reduction="sum", sync=sync,
-                      backward=clock.timed(lambda loss: loss.backward()))  # fmt: skip
-        g.sync.reduce = clock.timed(g.sync.reduce)  # type: ignore[method-assign]
+                      backward=backward)  # fmt: skip
+        g.sync.reduce = clock.timed(g.sync.reduce, "gradient sync")  # type: ignore[method-assign]
         # waiting for the slower rank's verdict: the plain loop waits as long in its all-reduce
-        g.agreement.exchange = clock.timed(g.agreement.exchange)  # type: ignore[method-assign]
+        g.agreement.exchange = clock.timed(g.agreement.exchange, "verdict")  # type: ignore[method-assign]
         guards[sync] = g
-    opt.step = clock.timed(opt.step)  # type: ignore[method-assign]
+    opt.step = clock.timed(opt.step, "optimizer")  # type: ignore[method-assign]
 
     def plain() -> None:
         opt.zero_grad(set_to_none=True)
         for m in range(share // mb):
             with nullcontext() if m == share // mb - 1 else ddp.no_sync():
-                fn(data[m * mb : (m + 1) * mb]).backward()
+                backward(fn(data[m * mb : (m + 1) * mb]))
         opt.step()
 
     runs = {"plain": plain, "plain (again: noise floor)": plain,
@@ -217,17 +222,20 @@ def overhead(args: argparse.Namespace) -> None:
     wall: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     own: dict[str, list[float]] = {n: [] for n in names}
+    parts: dict[str, dict[str, list[float]]] = {n: {} for n in names}
     for name in names:  # warm-up: first-call costs out of the figures
         runs[name]()
     for i in range(args.pairs):
         for name in names[i % 4 :] + names[: i % 4]:
             dist.barrier()
-            clock.work = 0.0
+            clock.work, clock.parts = 0.0, {}
             t0, c0 = time.perf_counter(), time.process_time()
             runs[name]()
             wall[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
             own[name].append(wall[name][-1] - clock.work)
+            for part, spent in clock.parts.items():
+                parts[name].setdefault(part, []).append(spent)
     verdict = []
     for _ in range(200):
         t0 = time.perf_counter()
@@ -243,6 +251,7 @@ def overhead(args: argparse.Namespace) -> None:
             "wall_ratio": {n: ratio(wall, n) for n in names},
             "cpu_ratio": {n: ratio(cpu, n) for n in names},
             "own_s": {n: statistics.median(own[n]) for n in names},
+            "parts_s": {n: {k: statistics.median(v) for k, v in parts[n].items()} for n in names},
             "verdict_exchange_s": statistics.median(verdict),
             "micro_batch": mb, "grad_accum": share // mb, "seq": seq, "pairs": args.pairs,
         }), flush=True)  # fmt: skip
