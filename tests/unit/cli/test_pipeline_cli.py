@@ -134,3 +134,18 @@ def test_bad_input_in_a_real_process_has_no_traceback() -> None:
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_dtypes_apply_on_top_of_the_conventions_own_precision() -> None:
+    """``--dtypes`` without ``--precision`` starts from the convention's default: under
+    ``--convention paper`` that is BF16 moments, so restating a default changes no byte (it
+    used to reset the moments to FP32 behind the user's back)."""
+    v3 = ["--model", "deepseek-v3", "--convention", "paper", "--tp", "2", "--pp", "16"]
+    v3 += ["--ep", "8", "--dp", "32", "--grad-accum", "32", "--json"]
+    code, plain = _run(*v3)
+    assert code == 0
+    for same in ("activations=bf16", "moments=bf16", "grads=fp32,weights=bf16"):
+        code, out = _run(*v3, "--dtypes", same)
+        assert code == 0 and out == plain, same
+    code, out = _run(*v3, "--dtypes", "moments=fp32")
+    assert code == 0 and out != plain
