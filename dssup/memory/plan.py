@@ -12,17 +12,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedStage, prepare, states
-from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
+from dssup.memory.core import PreparedStage, device_split, prepare, states
+from dssup.memory.cost import (
+    CostCurve,
+    CostModel,
+    LayoutCost,
+    cost_at,
+    cost_curve,
+    cost_terms,
+    layout_cost,
+    traffic,
+)
 from dssup.memory.defaults import Resolved, resolve
-from dssup.memory.params import model_total
+from dssup.memory.layouts import dualpipe_micro_ok, search_layouts
 from dssup.memory.spec import ModelSpec
+from dssup.memory.topology import Topology, default_topology
 from dssup.memory.validate import divisors, validate
 
 __all__ = ["Candidate", "PlanRequest", "PlanResult", "plan"]
@@ -45,11 +55,29 @@ class PlanRequest(BaseModel):
     recompute: tuple[Recompute, ...] = RECOMPUTE_LEVELS
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     allow_offload: bool = Field(True, description="consider optimizer and parameter offload")
-    search_parallelism: bool = Field(False, description="also vary TP, PP and EP")
+    search_parallelism: bool = Field(
+        False,
+        description="also vary TP, PP, EP and the pipeline schedule (1F1B, interleaved "
+        "VPP, DualPipe for MoE models)",
+    )
+    fixed: tuple[Literal["tp", "pp", "ep", "schedule", "vpp"], ...] = Field(
+        (), description="layout fields the parallelism search keeps as given in ``layout``"
+    )
+    offloads: tuple[Literal["none", "optimizer", "both"], ...] | None = Field(
+        None, description="offload choices to consider; None: all when allow_offload"
+    )
     max_tp: int = Field(8, ge=1, description="largest TP to consider (one node)")
+    max_vpp: int = Field(
+        32, ge=1, description="largest virtual-pipeline size the search tries (interleaved)"
+    )
     micro_batches: tuple[int, ...] | None = Field(None, description="None = every divisor")
     margin: float = Field(0.05, ge=0, lt=1, description="fraction of GPU memory kept free")
-    cost: CostModel = Field(default_factory=CostModel)
+    cost: CostModel = Field(default_factory=CostModel, description="step-time model settings")
+    topology: Topology | None = Field(
+        None,
+        description="GPUs, links and hosts the step time is for; None: an H100 DGX node "
+        "from the GPU table, with a warning",
+    )
     limit: int = Field(50, ge=1, description="most candidates returned")
 
 
@@ -64,8 +92,13 @@ class Candidate(BaseModel):
     phase: str
     fits: bool
     headroom_bytes: int
-    step_time_s: float
-    cost_terms: dict[str, float]
+    step_time_s: float = Field(description="predicted seconds per optimizer step")
+    cost_terms: dict[str, float] = Field(
+        description="the step time by term, seconds; 'total' is their sum (docs/step-time.md)"
+    )
+    traffic: dict[str, float] = Field(
+        default_factory=dict, description="seconds of each communication per step before overlap"
+    )
 
 
 class PlanResult(BaseModel):
@@ -74,6 +107,11 @@ class PlanResult(BaseModel):
     evaluated: int = Field(description="configs whose memory was computed")
     fitting: int = Field(description="configs that fit (before the limit)")
     closest: Candidate | None = Field(description="smallest peak among those that do not fit")
+    closest_fits_gpu: bool = Field(
+        False, description="the closest config fits the GPU and misses only the margin"
+    )
+    topology: Topology = Field(description="the hardware the step times were computed for")
+    warnings: list[str] = Field(default_factory=list, description="inputs that were missing")
 
 
 def _world(req: PlanRequest) -> int:
@@ -92,22 +130,7 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
             )
         yield base.model_copy(update={"dp": world // mp})
         return
-    eps = divisors(m.moe.n_routed) if m.moe else [1]
-    for tp in (d for d in divisors(world, req.max_tp) if d & (d - 1) == 0):
-        for pp in divisors(world // (tp * base.cp), m.layers):
-            dp = world // (tp * pp * base.cp)
-            for ep in eps:
-                if (tp * base.cp * dp) % (ep * base.etp):
-                    continue
-                yield base.model_copy(
-                    update={
-                        "tp": tp,
-                        "pp": pp,
-                        "dp": dp,
-                        "ep": ep,
-                        "layers_per_stage": None if pp != base.pp else base.layers_per_stage,
-                    }
-                )
+    yield from search_layouts(m, base, world, req.max_tp, req.max_vpp, req.fixed)
 
 
 def _groups(stages: list[PreparedStage]) -> list[PreparedStage]:
@@ -120,16 +143,9 @@ def _groups(stages: list[PreparedStage]) -> list[PreparedStage]:
     return list(seen.values())
 
 
-def _active_params(m: ModelSpec) -> int:
-    total = model_total(m, "megatron")
-    if m.moe is None:
-        return total
-    inactive = (m.moe.n_routed - m.moe.top_k) * 3 * m.hidden * m.moe.expert_ffn
-    return total - inactive * m.moe_layer_count
-
-
+_OFFLOAD = {"none": (False, False), "optimizer": (True, False), "both": (True, True)}
 _Key = tuple[int, int, bool, bool, Recompute]
-_Hit = tuple[float, int, Layout, _Key, int, str, int, int, int]
+_Hit = tuple[float, int, Layout, _Key, int, str, int, CostCurve]
 
 
 class _Row(NamedTuple):
@@ -152,18 +168,68 @@ def _tail(row: _Row, rc: Recompute) -> tuple[int, int]:
     return (row.tail[rc], row.tail_base) if row.tail is not None else (0, -1)
 
 
-class _Search:
-    """The inner loop: integer arithmetic only, identical to ``estimate``'s."""
+class _Lazy:
+    """A layout's ``LayoutCost``, folded only if one of its configs fits (most do not)."""
 
-    def __init__(self, req: PlanRequest) -> None:
+    __slots__ = ("groups", "value")
+
+    def __init__(self, groups: list[PreparedStage]) -> None:
+        self.groups = groups
+        self.value: LayoutCost | None = None
+
+
+class _Search:
+    """The inner loop: integer arithmetic only, identical to ``estimate``'s; the step time is
+    ``cost_at`` on a curve folded once per (layout, ZeRO, offload, recompute)."""
+
+    def __init__(self, req: PlanRequest, topo: Topology, allow_offload: bool) -> None:
         self.req = req
+        self.topo = topo
+        self.allow_offload = allow_offload
         self.ov = req.overheads or Overheads()
         self.r: Resolved = resolve(req.convention, req.training, self.ov)
         self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
-        self.active = _active_params(req.model)
+        kinds = req.offloads or (("none", "optimizer", "both") if allow_offload else ("none",))
+        if not allow_offload:
+            kinds = tuple(k for k in kinds if k == "none")
+        self.offloads = [_OFFLOAD[k] for k in kinds]
         self.evaluated = 0
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
+
+    def _layout_cost(self, layout: Layout, groups: list[PreparedStage]) -> LayoutCost:
+        """Step-time figures of ``layout`` (its largest device's parameters and activations)."""
+        req = self.req
+        biggest = max(groups, key=lambda g: g.params.split.total)
+        split = device_split(biggest, layout)
+        acts = max(g.acts["none"] for g in groups)
+        return layout_cost(
+            req.cost,
+            self.topo,
+            req.model,
+            layout,
+            req.training.seq_len,
+            acts,
+            split.non_moe,
+            split.moe,
+            self.r.precision,
+        )
+
+    def _curve(
+        self,
+        layout: Layout,
+        lc: _Lazy,
+        rc: Recompute,
+        zero: int,
+        off_opt: bool,
+        off_par: bool,
+        shard: int,
+    ) -> CostCurve:
+        if lc.value is None:
+            lc.value = self._layout_cost(layout, lc.groups)
+        return cost_curve(
+            self.req.cost, lc.value, rc, zero, off_opt, off_par, shard, self.r.precision
+        )
 
     def layout(self, layout: Layout) -> None:
         req, r = self.req, self.r
@@ -174,10 +240,14 @@ class _Search:
                 return
             raise
         groups = _groups(prepare(req.model, layout, req.training, req.convention, r))
-        gpu_params = max(g.params.split.total for g in groups)
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
-        offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
+        if layout.schedule == "dualpipe" and layout.pp > 1:
+            micro = [b for b in micro if dualpipe_micro_ok(layout.pp, rows // b)]
+            if not micro:
+                return
+        lc = _Lazy(groups)  # the layout's step-time figures, on its first config that fits
+        offloads = self.offloads
         deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
         for zero in req.zero_stages:
             for off_opt, off_par in offloads:
@@ -191,36 +261,34 @@ class _Search:
                     }
                 )
                 rows_st = self._rows(layout, groups, knobs)
+                shard = max(g.shard for g in rows_st)
+                key = (zero, off_opt, off_par, shard)
                 # Probe the least memory-hungry config (most recompute, smallest micro-batch):
                 # every other one of this (ZeRO, offload) needs at least as much, so if it does
                 # not fit none does, and all are decided exactly without being swept.
                 before = len(self.fitting)
-                args = (rows, gpu_params)
-                self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
+                self._sweep(layout, rows_st, lc, key, deepest, micro[:1], rows)
                 if len(self.fitting) == before:
                     self.evaluated += len(req.recompute) * len(micro) - 1
                     continue
                 del self.fitting[before:]  # the sweeps below evaluate it again
                 self.evaluated -= 1
                 for rc in req.recompute:
-                    self._sweep(
-                        layout, rows_st, zero, off_opt, off_par, rc, micro, rows, gpu_params
-                    )
+                    self._sweep(layout, rows_st, lc, key, rc, micro, rows)
 
     def _sweep(
         self,
         layout: Layout,
         rows_st: list[_Row],
-        zero: int,
-        off_opt: bool,
-        off_par: bool,
+        lc: _Lazy,
+        choice: tuple[int, bool, bool, int],
         rc: Recompute,
         micro: list[int],
         rows: int,
-        gpu_params: int,
     ) -> None:
         """All micro-batch sizes for one (ZeRO, offload, recompute): the hot loop."""
         r, ov = self.r, self.ov
+        zero, off_opt, off_par, shard = choice
         frag, extra, budget = (
             r.fragmentation,
             r.cuda_context_bytes + ov.calibration_bytes,
@@ -231,24 +299,7 @@ class _Search:
             (g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt, *_tail(g, rc))
             for g in rows_st
         ]
-        req = self.req
-        curve = cost_curve(
-            req.cost,
-            layout.pp,
-            layout.vpp,
-            layout.dp,
-            layout.world_size,
-            req.training.seq_len,
-            rc,
-            zero,
-            off_opt,
-            off_par,
-            self.active,
-            gpu_params,
-            req.global_batch,
-            r.precision.weights,
-            r.precision.gradients,
-        )
+        curve: CostCurve | None = None  # folded on the first config that fits
         fitting = self.fitting
         i = -1
         for i, b in enumerate(micro):
@@ -266,13 +317,16 @@ class _Search:
             phase = "forward-backward" if fb_best >= row.opt else "optimizer-step"
             key = (zero, b, off_opt, off_par, rc)
             if total <= budget:
-                seconds = sum(cost_at(curve, b, m, row.shard))
+                if curve is None:
+                    curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
                 fitting.append(
-                    (seconds, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+                    (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve)
                 )
                 continue
             if self.closest is None or total < self.closest[1]:
-                self.closest = (0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params)
+                if curve is None:
+                    curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
+                self.closest = (0.0, total, layout, key, row.stage, phase, m, curve)
             # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
             # rows)), so every larger micro-batch is decided too: it does not fit either.
             self.evaluated += len(micro) - i - 1
@@ -303,7 +357,7 @@ class _Search:
         return out
 
     def candidate(self, hit: _Hit) -> Candidate:
-        _, total, layout, key, stage, phase, m, shard, gpu_params = hit
+        _, total, layout, key, stage, phase, m, curve = hit
         zero, b, off_opt, off_par, rc = key
         t = self.req.training.model_copy(
             update={
@@ -315,17 +369,7 @@ class _Search:
                 "offload_params": off_par,
             }
         )
-        cost = step_cost(
-            self.req.cost,
-            layout,
-            t,
-            self.active,
-            gpu_params,
-            shard,
-            self.req.global_batch,
-            self.r.precision.weights,
-            self.r.precision.gradients,
-        )
+        cost = cost_terms(curve, b, m)
         return Candidate(
             layout=layout,
             training=t,
@@ -336,12 +380,28 @@ class _Search:
             headroom_bytes=self.req.gpu_memory_bytes - total,
             step_time_s=cost["total"],
             cost_terms=cost,
+            traffic=traffic(curve, b, m),
         )
 
 
 def plan(req: PlanRequest) -> PlanResult:
-    """Every config in the search space that fits, ranked by the cost model (``cost.py``)."""
-    search = _Search(req)
+    """Every config in the search space that fits, ranked by the step-time model (``cost.py``)."""
+    warnings: list[str] = []
+    topo = req.topology
+    if topo is None:
+        topo = default_topology()
+        warnings.append(
+            f"no GPU given for the step-time model: ranking assumes {topo.gpu} "
+            f"({topo.gpus_per_node} GPUs per node); pass the GPU to rank for your machine"
+        )
+    allow_offload = req.allow_offload
+    if allow_offload and topo.host_cpu_cores is None:
+        allow_offload = False
+        warnings.append(
+            f"CPU offload not considered: host CPU cores per node unknown for {topo.gpu} "
+            "(pass --host-cores N to rank offload)"
+        )
+    search = _Search(req, topo, allow_offload)
     for layout in _layouts(req):
         if req.global_batch % layout.dp == 0:
             search.layout(layout)
@@ -351,5 +411,11 @@ def plan(req: PlanRequest) -> PlanResult:
     if not chosen and search.closest is not None:
         closest = search.candidate(search.closest)
     return PlanResult(
-        candidates=chosen, evaluated=search.evaluated, fitting=len(search.fitting), closest=closest
+        candidates=chosen,
+        evaluated=search.evaluated,
+        fitting=len(search.fitting),
+        closest=closest,
+        closest_fits_gpu=closest is not None and closest.peak_bytes <= req.gpu_memory_bytes,
+        topology=topo,
+        warnings=warnings,
     )

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from dssup.memory import GiB, Layout, PlanRequest, Training, estimate, plan, preset
+from dssup.memory.layouts import dualpipe_micro_ok
 from dssup.memory.validate import divisors
 
 
@@ -21,9 +22,10 @@ def brute_force(req: PlanRequest) -> tuple[int, int, int | None]:
     offloads = [(False, False), (True, False), (True, True)]
     evaluated = fitting = 0
     smallest_miss = None
-    for zero, (oo, op), rc, b in itertools.product(
-        req.zero_stages, offloads, req.recompute, divisors(rows)
-    ):
+    micro = divisors(rows)
+    if layout.schedule == "dualpipe":  # DualPipe runs an even number >= 2 * PP of micro-batches
+        micro = [b for b in micro if dualpipe_micro_ok(layout.pp, rows // b)]
+    for zero, (oo, op), rc, b in itertools.product(req.zero_stages, offloads, req.recompute, micro):
         if op and zero != 3:
             continue
         t = req.training.model_copy(

@@ -1,0 +1,218 @@
+"""Floating-point work of one pipeline device per sequence: what the step-time model divides by
+the GPU's FLOP/s.
+
+Why count per module instead of ``6 * N_active * tokens``: MLA's down-projections are not split
+by tensor parallelism, attention scores grow with the sequence, MoE layers run ``top_k`` experts
+of their own size, the head is a large GEMM on one stage only, and recompute re-runs chosen
+modules. Each of those moves both the step time and which layout is best.
+
+Conventions (per token, forward; backward is twice the GEMMs and 2.5 x the attention core,
+the FlashAttention-2 paper's count, arXiv 2307.08691 sec. 3.2):
+
+* a GEMM of an ``[n, k]`` input with a ``[k, m]`` weight costs ``2 n k m``;
+* causal attention scores and the value product cost ``heads * (d_qk + d_v) * s`` per token
+  (``2 (d_qk + d_v)`` per key, ``s / 2`` keys on average under the causal mask);
+* with sequence parallelism (Megatron's requirement for MoE with TP) the token dimension of
+  everything outside the split matrices is divided by TP too; context parallelism divides the
+  tokens of a sequence by CP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from dssup.memory.config import Layout, Recompute
+from dssup.memory.spec import ModelSpec
+from dssup.memory.stages import moe_layers_in, padded_vocab, partition
+
+__all__ = ["DeviceWork", "LayerWork", "device_work", "layer_work"]
+
+BACKWARD_GEMM = 2.0  # dgrad + wgrad, each the size of the forward GEMM
+BACKWARD_CORE = 2.5  # FlashAttention-2 backward: 5 matmuls against the forward's 2
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWork:
+    """Forward FLOPs per token of one layer on one GPU, by what recompute can repeat."""
+
+    attn_gemm: float  # projections (q/kv up and down, output)
+    up_proj: float  # the part of attn_gemm that selective recompute repeats
+    core: float  # attention scores and value product
+    ffn_gemm: float  # dense MLP or routed + shared experts + router
+    routed_slots: float  # routed (token, expert) pairs per token on this GPU (a2a payload)
+
+
+@lru_cache(maxsize=512)
+def layer_work(m: ModelSpec, tp: int, cp: int, sp: bool, seq: int, moe: bool) -> LayerWork:
+    """FLOPs per token (of the sequence, before CP) of one layer on one GPU."""
+    h = m.hidden
+    shard = tp if sp else 1  # token dimension of replicated parts under SP
+    if m.mla is None:
+        d = m.head_dim
+        qkv = 2 * h * (m.heads * d + 2 * m.kv_heads * d)
+        out = 2 * m.heads * d * h
+        attn, up = (qkv + out) / tp, 2 * h * m.heads * d / tp
+        core = m.heads * 2 * d * seq / tp
+    else:
+        a = m.mla
+        dqk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        down = 2 * h * (a.kv_lora_rank + a.qk_rope_head_dim)
+        if a.q_lora_rank:
+            down += 2 * h * a.q_lora_rank
+            q_up = 2 * a.q_lora_rank * m.heads * dqk
+        else:
+            q_up = 2 * h * m.heads * dqk
+        kv_up = 2 * a.kv_lora_rank * m.heads * (a.qk_nope_head_dim + a.v_head_dim)
+        out = 2 * m.heads * a.v_head_dim * h
+        up = (q_up + kv_up) / tp
+        attn = up + out / tp + down / shard
+        core = m.heads * (dqk + a.v_head_dim) * seq / tp
+    if moe and m.moe is not None:
+        e = m.moe
+        routed = e.top_k * 6 * h * e.expert_ffn / shard
+        shared = e.n_shared * 6 * h * e.shared_ffn / tp
+        ffn, slots = routed + shared + 2 * h * e.n_routed / shard, e.top_k / shard
+    else:
+        ffn, slots = 6 * h * m.ffn / tp, 0.0
+    del cp  # tokens per sequence are divided by CP by the caller (per-sequence totals)
+    return LayerWork(attn, up, core, ffn, slots)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceWork:
+    """Per sequence (b = 1) on one pipeline device: forward FLOPs and what recompute adds."""
+
+    gemm: float  # forward GEMM FLOPs
+    core: float  # forward attention-core FLOPs
+    recompute_gemm: dict[Recompute, float]  # extra forward GEMM FLOPs by recompute level
+    recompute_core: dict[Recompute, float]
+    layers: float  # transformer layers per micro-batch pass (averaged over DualPipe's two)
+    moe_layers: float
+    slots: float  # routed token-slots per sequence over all MoE layers (a2a payload, tokens)
+
+    def fwd_bwd(self, rc: Recompute) -> tuple[float, float]:
+        """(GEMM, attention-core) FLOPs per sequence for forward, backward and recompute."""
+        g = self.gemm * (1 + BACKWARD_GEMM) + self.recompute_gemm[rc]
+        c = self.core * (1 + BACKWARD_CORE) + self.recompute_core[rc]
+        return g, c
+
+
+def _stage_layers(m: ModelSpec, layout: Layout) -> list[tuple[range, bool, bool]]:
+    """(layers, first, last) of every pipeline stage in schedule order (VPP chunks included)."""
+    chunks = layout.pp * (layout.vpp if layout.schedule == "interleaved" else 1)
+    if chunks == layout.pp:
+        parts = partition(m.layers, layout)
+    else:
+        per, rem = divmod(m.layers, chunks)
+        counts = [per + (1 if i < rem else 0) for i in range(chunks)]
+        starts = [sum(counts[:i]) for i in range(chunks)]
+        parts = [range(starts[i], starts[i] + counts[i]) for i in range(chunks)]
+    return [(r, i == 0, i == len(parts) - 1) for i, r in enumerate(parts)]
+
+
+def device_work(m: ModelSpec, layout: Layout, seq: int) -> list[DeviceWork]:
+    """Work per sequence of every pipeline device (1F1B: its stage; interleaved: its VPP chunks;
+    DualPipe: the mean of stages i and PP-1-i, since half the micro-batches pass each)."""
+    return list(
+        _device_work(
+            m,
+            layout.tp,
+            layout.cp,
+            layout.sp,
+            layout.pp,
+            layout.vpp,
+            layout.schedule,
+            layout.layers_per_stage,
+            seq,
+        )
+    )
+
+
+@lru_cache(maxsize=1024)
+def _device_work(
+    m: ModelSpec,
+    tp: int,
+    cp: int,
+    sp: bool,
+    pp: int,
+    vpp: int,
+    schedule: str,
+    split: tuple[int, ...] | None,
+    seq: int,
+) -> tuple[DeviceWork, ...]:
+    layout = Layout(
+        tp=tp,
+        cp=cp,
+        sp=sp,
+        pp=pp,
+        vpp=vpp,
+        schedule=schedule,
+        layers_per_stage=split,
+    )
+    tokens = seq / cp
+    dense, moe = layer_work(m, tp, cp, sp, seq, False), layer_work(m, tp, cp, sp, seq, True)
+    stages = [
+        _stage(m, layout, r, first, last, dense, moe, tokens)
+        for r, first, last in _stage_layers(m, layout)
+    ]
+    out = []
+    for rank in range(pp):
+        if schedule == "dualpipe":
+            own = [stages[rank], stages[pp - 1 - rank]]
+            out.append(_merge(own, 0.5))
+        else:
+            out.append(_merge(stages[rank::pp], 1.0))
+    return tuple(out)
+
+
+def _stage(
+    m: ModelSpec,
+    layout: Layout,
+    layers: range,
+    first: bool,
+    last: bool,
+    dense: LayerWork,
+    moe: LayerWork,
+    tokens: float,
+) -> DeviceWork:
+    n_moe = moe_layers_in(m, layers)
+    n_dense = len(layers) - n_moe
+    blocks = [(dense, float(n_dense)), (moe, float(n_moe))]
+    if last and m.mtp_depth:  # each MTP module: a [2h -> h] projection and one more layer
+        blocks.append((moe if m.moe is not None else dense, float(m.mtp_depth)))
+    layer_gemm = sum(n * (w.attn_gemm + w.ffn_gemm) for w, n in blocks)
+    core = sum(n * w.core for w, n in blocks)
+    up = sum(n * w.up_proj for w, n in blocks)
+    slots = sum(n * w.routed_slots for w, n in blocks)
+    gemm = layer_gemm
+    if last:  # the head, once for the model and once per MTP module, and MTP projections
+        gemm += head_flops(m, layout) * (1 + m.mtp_depth)
+        gemm += m.mtp_depth * 4 * m.hidden * m.hidden / layout.tp
+    return DeviceWork(
+        gemm=gemm * tokens,
+        core=core * tokens,
+        recompute_gemm={"none": 0.0, "selective": up * tokens, "full": layer_gemm * tokens},
+        recompute_core={"none": 0.0, "selective": core * tokens, "full": core * tokens},
+        layers=sum(n for _, n in blocks),
+        moe_layers=sum(n for w, n in blocks if w is moe),
+        slots=slots * tokens,
+    )
+
+
+def head_flops(m: ModelSpec, layout: Layout) -> float:
+    """Forward FLOPs per token of the output head on one TP rank (vocab-parallel)."""
+    return 2 * m.hidden * padded_vocab(m, layout.tp, "megatron") / layout.tp
+
+
+def _merge(parts: list[DeviceWork], scale: float) -> DeviceWork:
+    keys: tuple[Recompute, ...] = ("none", "selective", "full")
+    return DeviceWork(
+        gemm=scale * sum(p.gemm for p in parts),
+        core=scale * sum(p.core for p in parts),
+        recompute_gemm={k: scale * sum(p.recompute_gemm[k] for p in parts) for k in keys},
+        recompute_core={k: scale * sum(p.recompute_core[k] for p in parts) for k in keys},
+        layers=scale * sum(p.layers for p in parts),
+        moe_layers=scale * sum(p.moe_layers for p in parts),
+        slots=scale * sum(p.slots for p in parts),
+    )
