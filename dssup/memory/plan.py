@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedStage, device_split, prepare, states
+from dssup.memory.core import PreparedStage, prepare, states
 from dssup.memory.cost import (
     CostCurve,
     CostModel,
@@ -26,12 +26,12 @@ from dssup.memory.cost import (
     cost_at,
     cost_curve,
     cost_terms,
-    layout_cost,
     traffic,
 )
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.layouts import dualpipe_micro_ok, search_layouts
 from dssup.memory.spec import ModelSpec
+from dssup.memory.steptime import fold_layout
 from dssup.memory.topology import Topology, default_topology
 from dssup.memory.validate import divisors, validate
 
@@ -198,22 +198,10 @@ class _Search:
         self.closest: _Hit | None = None
 
     def _layout_cost(self, layout: Layout, groups: list[PreparedStage]) -> LayoutCost:
-        """Step-time figures of ``layout`` (its largest device's parameters and activations)."""
+        """Step-time figures of ``layout`` (the same folding ``step_time`` uses)."""
         req = self.req
-        biggest = max(groups, key=lambda g: g.params.split.total)
-        split = device_split(biggest, layout)
-        acts = max(g.acts["none"] for g in groups)
-        return layout_cost(
-            req.cost,
-            self.topo,
-            req.model,
-            layout,
-            req.training.seq_len,
-            acts,
-            split.non_moe,
-            split.moe,
-            self.r.precision,
-        )
+        seq = req.training.seq_len
+        return fold_layout(req.cost, self.topo, req.model, layout, seq, groups, self.r.precision)
 
     def _curve(
         self,

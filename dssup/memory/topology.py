@@ -19,9 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.gpu_spec import GpuSpec
-from dssup.memory.gpus import find_gpu
+from dssup.memory.gpus import find_gpu, gpu_for_product
 
-__all__ = ["Link", "Topology", "default_topology", "group_link", "topology_for"]
+__all__ = [
+    "Link",
+    "Topology",
+    "default_topology",
+    "group_link",
+    "topology_for",
+    "topology_of",
+]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -193,3 +200,17 @@ def default_topology() -> Topology:
     spec = find_gpu("h100")
     assert spec is not None  # the shipped table has it; a test locks this
     return topology_for(spec)[0]
+
+
+def topology_of(name: str | None) -> Topology | None:
+    """The reference-node topology of a GPU named by a node label (GFD product), a canonical
+    name or an alias; None when the table does not know it (the planner then warns)."""
+    if not name:
+        return None
+    spec = gpu_for_product(name)
+    if spec is None:
+        try:
+            spec = find_gpu(name)
+        except ConfigError:  # an ambiguous short name: no topology rather than a guess
+            return None
+    return None if spec is None else topology_for(spec)[0]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from dssup.memory import Candidate, Layout, ModelSpec, Overheads, PlanRequest, Training
 from dssup.memory import estimate as estimate_memory
 from dssup.memory import plan as plan_memory
+from dssup.memory.topology import Topology
 from dssup.supervisor.adapters import RemedyContext
 from dssup.supervisor.models import Failure, FailureKind, Remedy, TrainingPlan
 
@@ -74,6 +75,7 @@ class ModelStep:
     base: Training
     gpu_memory_bytes: int
     margin: float = 0.05
+    topology: Topology | None = None  # the GPU the step times are for; None: an H100 node
     calibration_bytes: int = 0
     name: str = "memory-model"
     history: list[int] = field(default_factory=list)
@@ -123,6 +125,7 @@ class ModelStep:
             zero_stages=zero,
             allow_offload="offload" in ctx.capabilities,
             margin=self.margin,
+            topology=self.topology,
             limit=200,
         )
         result = plan_memory(req)

@@ -1,0 +1,222 @@
+"""Published training recipes, and how the planner does on them: the step-time validation.
+
+Why: a step-time model is only worth its ranking if, for recipes whose throughput is published,
+the published layout (which experts tuned) is predicted to fit, ranks near the top of what
+``plan --search-parallelism`` enumerates for the same GPUs and global batch, and its predicted
+tokens/s/GPU is near the published figure. The data (models, layouts, figures, sources) is in
+``tests/fixtures/step_time/recipes.json``; the table is in docs/step-time.md.
+
+Pure: the caller reads the JSON and passes the dicts in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dssup.errors import ConfigError
+from dssup.memory.config import Layout, Precision, Recompute, Schedule, Training
+from dssup.memory.cost import CostModel
+from dssup.memory.gpus import find_gpu
+from dssup.memory.hf import model_from_hf_config, preset
+from dssup.memory.plan import Candidate, PlanRequest, plan
+from dssup.memory.spec import ModelSpec
+from dssup.memory.topology import Topology, topology_for
+
+__all__ = ["Recipe", "RecipeResult", "evaluate_recipe", "load_recipes"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_GiB = 1 << 30
+
+
+class Recipe(BaseModel):
+    """One published run: the model, the machine, the layout and the published throughput."""
+
+    model_config = _FROZEN
+    name: str
+    source: str = Field(description="key into the fixture's sources (repo, path, commit or paper)")
+    model: str = Field(description="a dssup preset or a key into the fixture's models")
+    gpu: str = Field(description="GPU table name")
+    gpus: int = Field(gt=0)
+    compute_dtype: Literal["bf16", "fp8"]
+    global_batch: int = Field(gt=0, description="sequences per step")
+    micro_batch: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    cp: int = Field(gt=0)
+    vpp: int = Field(gt=0)
+    ep: int = Field(gt=0)
+    schedule: Schedule
+    zero: int = Field(ge=0, le=3, description="distributed optimizer = 1, FSDP = 3")
+    recompute: Recompute | None = Field(description="None: not published, dssup picks")
+    precision: str = Field("bf16", description="Precision.named preset")
+    ep_dispatch: Literal["alltoall", "dedup"] = "alltoall"
+    host_cores: int | None = None
+    unstated: tuple[str, ...] = ()
+    published: float = Field(gt=0, description="tokens/s/GPU")
+    published_note: str = ""
+    fit: bool = Field(description="used to fit CostModel's fitted constants")
+
+    def layout(self) -> Layout:
+        return Layout(
+            tp=self.tp,
+            pp=self.pp,
+            cp=self.cp,
+            vpp=self.vpp,
+            ep=self.ep,
+            dp=self.gpus // (self.tp * self.pp * self.cp),
+            schedule=self.schedule,
+        )
+
+
+class RecipeResult(BaseModel):
+    """What the planner predicts for one recipe."""
+
+    model_config = _FROZEN
+    name: str
+    fits: bool = Field(description="the published layout has a config predicted to fit")
+    peak_gib: float | None
+    predicted_step_s: float | None = Field(description="the published config's step time")
+    predicted: float | None = Field(description="predicted tokens/s/GPU of the published config")
+    published: float
+    error: float | None = Field(description="predicted / published - 1")
+    rank: int | None = Field(description="rank of its best config among all fitting configs")
+    layout_rank: int | None = Field(description="rank of its layout among fitting layouts")
+    best_step_s: float | None = Field(description="the best step time the search predicts")
+    gap: float | None = Field(description="published config's step time / best - 1")
+    best: str = Field(description="the search's best config, in words")
+    fitting: int
+    evaluated: int
+    fit: bool
+    note: str = Field("", description="why the published layout could not be evaluated")
+
+
+def load_recipes(doc: dict[str, Any]) -> tuple[list[Recipe], dict[str, ModelSpec]]:
+    """Recipes and their models from the fixture's parsed JSON."""
+    models = {
+        name: model_from_hf_config({k: v for k, v in cfg.items() if not k.startswith("_")}, name)
+        for name, cfg in doc["models"].items()
+    }
+    return [Recipe.model_validate(r) for r in doc["recipes"]], models
+
+
+def _model(r: Recipe, models: dict[str, ModelSpec]) -> ModelSpec:
+    return models[r.model] if r.model in models else preset(r.model)
+
+
+def _topology(r: Recipe) -> Topology:
+    spec = find_gpu(r.gpu)
+    if spec is None:
+        raise ConfigError("gpu", f"unknown GPU {r.gpu!r}", "use a GPU table name")
+    return topology_for(spec, host_cpu_cores=r.host_cores)[0]
+
+
+def _request(
+    r: Recipe, m: ModelSpec, cm: CostModel, gpu_memory: int, search: bool, limit: int
+) -> PlanRequest:
+    base = r.layout()
+    pinned = not search
+    return PlanRequest(
+        model=m,
+        gpu_memory_bytes=gpu_memory,
+        global_batch=r.global_batch,
+        world_size=r.gpus,
+        layout=base,
+        training=Training(seq_len=r.seq_len, precision=Precision.named(r.precision)),
+        recompute=(r.recompute,) if pinned and r.recompute else ("none", "selective", "full"),
+        zero_stages=(r.zero,) if pinned else (0, 1, 2, 3),
+        offloads=("none",) if pinned else None,
+        micro_batches=(r.micro_batch,) if pinned else None,
+        search_parallelism=search,
+        cost=cm.model_copy(update={"compute_dtype": r.compute_dtype, "ep_dispatch": r.ep_dispatch}),
+        topology=_topology(r),
+        limit=limit,
+    )
+
+
+def _same_layout(c: Candidate, r: Recipe) -> bool:
+    lay = c.layout
+    return (lay.tp, lay.pp, lay.cp, lay.ep, lay.schedule, lay.vpp, c.training.micro_batch) == (
+        r.tp,
+        r.pp,
+        r.cp,
+        r.ep,
+        r.schedule,
+        r.vpp,
+        r.micro_batch,
+    )
+
+
+def _words(c: Candidate) -> str:
+    lay, t = c.layout, c.training
+    sched = f"vpp{lay.vpp}" if lay.schedule == "interleaved" else lay.schedule
+    return (
+        f"TP{lay.tp} PP{lay.pp} {sched} EP{lay.ep} CP{lay.cp} mb{t.micro_batch} "
+        f"{t.recompute} ZeRO{t.zero_stage} {c.step_time_s:.2f}s"
+    )
+
+
+def _refused(r: Recipe, why: str) -> RecipeResult:
+    return RecipeResult(
+        name=r.name,
+        fits=False,
+        peak_gib=None,
+        predicted_step_s=None,
+        predicted=None,
+        published=r.published,
+        error=None,
+        rank=None,
+        layout_rank=None,
+        best_step_s=None,
+        gap=None,
+        best="-",
+        fitting=0,
+        evaluated=0,
+        fit=r.fit,
+        note=why,
+    )
+
+
+def evaluate_recipe(
+    r: Recipe, models: dict[str, ModelSpec], cm: CostModel, limit: int = 200_000
+) -> RecipeResult:
+    """The published config's prediction and its rank in the parallelism search."""
+    m = _model(r, models)
+    spec = find_gpu(r.gpu)
+    gpu_memory = spec.memory_bytes if spec is not None else 80 * _GiB
+    try:
+        own = plan(_request(r, m, cm, gpu_memory, False, 1))
+    except ConfigError as exc:  # a layout the memory model cannot express (yet)
+        return _refused(r, str(exc))
+    tokens = r.global_batch * r.seq_len
+    found = own.candidates[0] if own.candidates else None
+    step = found.step_time_s if found is not None else None
+    search = plan(_request(r, m, cm, gpu_memory, True, limit))
+    cands = search.candidates
+    rank = next((i for i, c in enumerate(cands, 1) if _same_layout(c, r)), None)
+    layouts: list[tuple[object, ...]] = []
+    for c in cands:
+        key = (c.layout.tp, c.layout.pp, c.layout.ep, c.layout.schedule, c.layout.vpp)
+        if key not in layouts:
+            layouts.append(key)
+    mine = (r.tp, r.pp, r.ep, r.schedule, r.vpp)
+    best = cands[0].step_time_s if cands else None
+    return RecipeResult(
+        name=r.name,
+        fits=found is not None,
+        peak_gib=None if found is None else round(found.peak_bytes / _GiB, 2),
+        predicted_step_s=step,
+        predicted=None if step is None else tokens / step / r.gpus,
+        published=r.published,
+        error=None if step is None else tokens / step / r.gpus / r.published - 1,
+        rank=rank,
+        layout_rank=layouts.index(mine) + 1 if mine in layouts else None,
+        best_step_s=best,
+        gap=None if step is None or best is None else step / best - 1,
+        best=_words(cands[0]) if cands else "nothing fits",
+        fitting=search.fitting,
+        evaluated=search.evaluated,
+        fit=r.fit,
+    )
