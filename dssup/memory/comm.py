@@ -133,16 +133,17 @@ def _levels(fwd: float) -> dict[Recompute, float]:
 
 def dp_bytes(
     n: int, params: int, zero: int, gbytes: int, wbytes: int
-) -> tuple[float, float, float]:
-    """(gradient bytes per step, parameter bytes per step, bytes per micro-batch) one GPU moves
-    in a data-parallel group of ``n`` for ``params`` parameters under ZeRO ``zero``."""
+) -> tuple[float, float, float, float]:
+    """Bytes one GPU moves in a data-parallel group of ``n`` for ``params`` parameters under
+    ZeRO ``zero``: (gradients per step, weights per step, gradients per micro-batch, weights per
+    micro-batch)."""
     if n <= 1 or params == 0:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     ring = (n - 1) / n * params
     if zero == 0:
-        return 2 * ring * gbytes, 0.0, 0.0  # all-reduce of the gradients
-    if zero == 1:
-        return ring * gbytes, ring * wbytes, 0.0  # reduce-scatter, then all-gather updated weights
-    if zero == 2:
-        return 0.0, ring * wbytes, ring * gbytes  # reduce-scatter after every micro-batch
-    return 0.0, 0.0, ring * (2 * wbytes + gbytes)  # gather for forward and backward, then RS
+        return 2 * ring * gbytes, 0.0, 0.0, 0.0  # all-reduce of the gradients
+    if zero == 1:  # reduce-scatter, then all-gather of the updated weights
+        return ring * gbytes, ring * wbytes, 0.0, 0.0
+    if zero == 2:  # a sharded gradient cannot accumulate: reduce-scatter after every micro-batch
+        return 0.0, ring * wbytes, ring * gbytes, 0.0
+    return 0.0, 0.0, ring * gbytes, 2 * ring * wbytes  # gather for forward and backward

@@ -60,14 +60,18 @@ class CostModel(BaseModel):
         "attention core stays BF16)",
     )
     gemm_efficiency: float = Field(
-        0.6, gt=0, le=1, description="fraction of the dense BF16 peak that training GEMMs reach"
+        0.58,
+        gt=0,
+        le=1,
+        description="fraction of the dense BF16 peak that training GEMMs reach (FITTED: "
+        "bench/fit_step_time.py on the recipes marked fit; others held out)",
     )
     fp8_gemm_efficiency: float = Field(
-        0.4,
+        0.52,
         gt=0,
         le=1,
         description="fraction of the dense FP8 peak that FP8 GEMMs reach, "
-        "quantisation and scaling included",
+        "quantisation and scaling included (FITTED like gemm_efficiency)",
     )
     attention_efficiency: float = Field(
         0.45, gt=0, le=1, description="fraction of the BF16 peak fused attention reaches"
@@ -136,7 +140,7 @@ class LayoutCost:
     the planner folds it on the first config of the layout that fits)."""
 
     rc: dict[Recompute, RcPart]
-    zero: dict[int, tuple[float, float, float]]  # grads/step, params/step, per micro-batch (s)
+    zero: dict[int, tuple[float, float, float, float]]  # seconds: dp_bytes' four amounts
     weight_reads: float  # seconds per micro-batch: weights read forward, dgrad, wgrad
     bubble: float  # micro-batches
     params: int  # parameters on the device (DualPipe: both stages)
@@ -156,11 +160,12 @@ def layout_cost(
     dense_params: int,
     expert_params: int,
     precision: Precision,
+    imbalance: float = 1.0,
 ) -> LayoutCost:
     """Fold everything that depends only on the layout (``act_bytes_per_seq``: the stored
     activations of the largest device at b = 1, from the memory model). The slowest device is
     the one with the most compute (its communication is the same or less elsewhere)."""
-    works = device_work(m, layout, seq)
+    works = device_work(m, layout, seq, imbalance)
     lk = links(topo, layout, cm.nvlink_efficiency, cm.nic_efficiency)
     fp8 = cm.compute_dtype == "fp8" and topo.fp8_flops is not None
     gemm_rate = topo.bf16_flops * cm.gemm_efficiency
@@ -197,15 +202,12 @@ def layout_cost(
         )
     gb, wb = precision.gradients, precision.weights
     zero_parts = {}
+    bw_d, bw_e = lk.dp.bytes_per_s, lk.edp.bytes_per_s
     for z in (0, 1, 2, 3):
-        g_d, p_d, mb_d = dp_bytes(layout.dp * layout.cp, dense_params, z, gb, wb)
-        g_e, p_e, mb_e = dp_bytes(layout.edp, expert_params, z, gb, wb)
-        bw_d, bw_e = lk.dp.bytes_per_s, lk.edp.bytes_per_s
-        zero_parts[z] = (
-            g_d / bw_d + g_e / bw_e,
-            p_d / bw_d + p_e / bw_e,
-            mb_d / bw_d + mb_e / bw_e,
-        )
+        dense = dp_bytes(layout.dp * layout.cp, dense_params, z, gb, wb)
+        expert = dp_bytes(layout.edp, expert_params, z, gb, wb)
+        g, p, gm, pm = (d / bw_d + e / bw_e for d, e in zip(dense, expert, strict=True))
+        zero_parts[z] = (g, p, gm, pm)
     params = dense_params + expert_params
     return LayoutCost(
         rc=rc_parts,
@@ -248,7 +250,8 @@ class CostCurve(NamedTuple):
     exposed: float  # exposed TP/EP/CP/PP seconds per sequence, with the SM cost of the hidden
     dual: float  # DualPipe: EP + PP seconds per sequence hidden behind compute when possible
     weight_reads: float
-    per_mb: float  # ZeRO-2/3 traffic + parameter offload per micro-batch
+    per_mb: float  # ZeRO-3 gathers + parameter offload per micro-batch (behind its compute)
+    grads_mb: float  # ZeRO-2/3 gradient reduce-scatter per micro-batch (behind its backward)
     grads: float  # per-step gradient sync (ZeRO 0/1)
     params: float  # per-step updated-weight all-gather (ZeRO 1/2)
     optimizer: float  # optimizer step (GPU Adam, or PCIe + CPU Adam)
@@ -272,10 +275,10 @@ def cost_curve(
 ) -> CostCurve:
     """Fold the (ZeRO, offload, recompute) choice and the optimizer shard into a curve."""
     part = lc.rc[rc]
-    grads, params, per_mb = lc.zero[zero]
+    grads, params, grads_mb, per_mb = lc.zero[zero]
     gb, wb = precision.gradients, precision.weights
-    if zero == 3 and rc == "full":  # the re-forward gathers the weights once more
-        per_mb *= (3 * wb + gb) / (2 * wb + gb)
+    if rc == "full":  # the re-forward gathers the weights once more
+        per_mb *= 1.5
     if off_par:  # ZeRO-Infinity: weights cross PCIe for forward, backward (and re-forward)
         per_mb += (3 if rc == "full" else 2) * lc.params * wb / lc.host
     if off_opt:
@@ -290,6 +293,7 @@ def cost_curve(
         dual=part.dual,
         weight_reads=lc.weight_reads,
         per_mb=per_mb,
+        grads_mb=grads_mb,
         grads=grads,
         params=params,
         optimizer=optimizer,
@@ -303,19 +307,28 @@ def cost_curve(
 
 
 def cost_at(c: CostCurve, b: int, m: int) -> float:
-    """Seconds per optimizer step for micro-batch ``b`` and ``m`` micro-batches (hot loop)."""
+    """Seconds per optimizer step for micro-batch ``b`` and ``m`` micro-batches (hot loop).
+
+    Each micro-batch takes its compute plus the exposed TP/EP/CP/PP traffic (DualPipe: what its
+    overlapped chunks cannot hide), and the pipeline runs ``m + bubble`` of them. ZeRO-2/3 and
+    parameter-offload traffic hides behind each micro-batch's compute (gradients behind its
+    backward) and adds what it cannot hide, ``m`` times; the per-step gradient reduce hides
+    behind the last backward, the weight all-gather behind the first forward. Hidden traffic
+    still costs ``sm`` of its time (the SMs it occupies)."""
     comp = b * c.seq + c.weight_reads
     x = b * c.exposed
     if c.dual:
         d = b * c.dual
         x += d - comp + c.sm * comp if d > comp else c.sm * d
-    h = c.overlap * comp
-    z = c.per_mb
-    if z:
-        x += z - h + c.sm * h if z > h else c.sm * z
     step = (m + c.bubble) * (comp + x) + c.optimizer
+    h = c.overlap * comp
     fw = c.fwd_share * h
     bw = h - fw
+    z, g = c.per_mb, c.grads_mb
+    if z:
+        step += m * (z - h + c.sm * h if z > h else c.sm * z)
+    if g:
+        step += m * (g - bw + c.sm * bw if g > bw else c.sm * g)
     g, p = c.grads, c.params
     if g:
         step += g - bw + c.sm * bw if g > bw else c.sm * g
@@ -335,7 +348,8 @@ def traffic(c: CostCurve, b: int, m: int) -> dict[str, float]:
         "pp": pp,
         "dp.grads": c.grads,
         "dp.params": c.params,
-        "zero_or_offload_per_micro_batch": m * c.per_mb,
+        "zero.grads_per_micro_batch": m * c.grads_mb,
+        "zero.weights_or_offload_per_micro_batch": m * c.per_mb,
     }
 
 
@@ -362,19 +376,18 @@ def cost_terms(c: CostCurve, b: int, m: int) -> dict[str, float]:
         exp, smc = _hide(b * c.dual, comp, c.sm)
         mb_comm += exp
         mb_sm += smc
-    exp, smc = _hide(c.per_mb, c.overlap * comp, c.sm)
     out["comm.tp_ep_cp_pp"] = m * mb_comm
-    out["comm.zero_per_micro_batch"] = m * exp
-    out["comm.hidden_sm_cost"] = m * (mb_sm + smc)
-    tmb = comp + mb_comm + mb_sm + exp + smc
-    out["pipeline.bubble"] = c.bubble * tmb
+    out["pipeline.bubble"] = c.bubble * (comp + mb_comm + mb_sm)
     h = c.overlap * comp
     fw = c.fwd_share * h
-    g_exp, g_sm = _hide(c.grads, h - fw, c.sm)
+    z_exp, z_sm = _hide(c.per_mb, h, c.sm)
+    g_exp, g_sm = _hide(c.grads_mb, h - fw, c.sm)
+    out["comm.zero_per_micro_batch"] = m * (z_exp + g_exp)
+    s_exp, s_sm = _hide(c.grads, h - fw, c.sm)
     p_exp, p_sm = _hide(c.params, fw, c.sm)
-    out["comm.dp_grads"] = g_exp
+    out["comm.dp_grads"] = s_exp
     out["comm.dp_params"] = p_exp
-    out["comm.hidden_sm_cost"] += g_sm + p_sm
+    out["comm.hidden_sm_cost"] = m * (mb_sm + z_sm + g_sm) + s_sm + p_sm
     out["optimizer"] = c.optimizer
     out["total"] = sum(out.values())
     return out

@@ -44,8 +44,11 @@ class LayerWork:
 
 
 @lru_cache(maxsize=512)
-def layer_work(m: ModelSpec, tp: int, cp: int, sp: bool, seq: int, moe: bool) -> LayerWork:
-    """FLOPs per token (of the sequence, before CP) of one layer on one GPU."""
+def layer_work(
+    m: ModelSpec, tp: int, cp: int, sp: bool, seq: int, moe: bool, imbalance: float = 1.0
+) -> LayerWork:
+    """FLOPs per token (of the sequence, before CP) of one layer on one GPU; ``imbalance``
+    (max/mean routed tokens per rank) scales the busiest rank's expert work and traffic."""
     h = m.hidden
     shard = tp if sp else 1  # token dimension of replicated parts under SP
     if m.mla is None:
@@ -70,9 +73,9 @@ def layer_work(m: ModelSpec, tp: int, cp: int, sp: bool, seq: int, moe: bool) ->
         core = m.heads * (dqk + a.v_head_dim) * seq / tp
     if moe and m.moe is not None:
         e = m.moe
-        routed = e.top_k * 6 * h * e.expert_ffn / shard
+        routed = imbalance * e.top_k * 6 * h * e.expert_ffn / shard
         shared = e.n_shared * 6 * h * e.shared_ffn / tp
-        ffn, slots = routed + shared + 2 * h * e.n_routed / shard, e.top_k / shard
+        ffn, slots = routed + shared + 2 * h * e.n_routed / shard, imbalance * e.top_k / shard
     else:
         ffn, slots = 6 * h * m.ffn / tp, 0.0
     del cp  # tokens per sequence are divided by CP by the caller (per-sequence totals)
@@ -111,7 +114,7 @@ def _stage_layers(m: ModelSpec, layout: Layout) -> list[tuple[range, bool, bool]
     return [(r, i == 0, i == len(parts) - 1) for i, r in enumerate(parts)]
 
 
-def device_work(m: ModelSpec, layout: Layout, seq: int) -> list[DeviceWork]:
+def device_work(m: ModelSpec, layout: Layout, seq: int, imbalance: float = 1.0) -> list[DeviceWork]:
     """Work per sequence of every pipeline device (1F1B: its stage; interleaved: its VPP chunks;
     DualPipe: the mean of stages i and PP-1-i, since half the micro-batches pass each)."""
     return list(
@@ -125,6 +128,7 @@ def device_work(m: ModelSpec, layout: Layout, seq: int) -> list[DeviceWork]:
             layout.schedule,
             layout.layers_per_stage,
             seq,
+            imbalance,
         )
     )
 
@@ -140,6 +144,7 @@ def _device_work(
     schedule: str,
     split: tuple[int, ...] | None,
     seq: int,
+    imbalance: float,
 ) -> tuple[DeviceWork, ...]:
     layout = Layout(
         tp=tp,
@@ -151,7 +156,8 @@ def _device_work(
         layers_per_stage=split,
     )
     tokens = seq / cp
-    dense, moe = layer_work(m, tp, cp, sp, seq, False), layer_work(m, tp, cp, sp, seq, True)
+    dense = layer_work(m, tp, cp, sp, seq, False)
+    moe = layer_work(m, tp, cp, sp, seq, True, imbalance)
     stages = [
         _stage(m, layout, r, first, last, dense, moe, tokens)
         for r, first, last in _stage_layers(m, layout)

@@ -201,7 +201,10 @@ class _Search:
         """Step-time figures of ``layout`` (the same folding ``step_time`` uses)."""
         req = self.req
         seq = req.training.seq_len
-        return fold_layout(req.cost, self.topo, req.model, layout, seq, groups, self.r.precision)
+        imb = req.training.moe_imbalance
+        return fold_layout(
+            req.cost, self.topo, req.model, layout, seq, groups, self.r.precision, imb
+        )
 
     def _curve(
         self,
@@ -381,6 +384,18 @@ def plan(req: PlanRequest) -> PlanResult:
         warnings.append(
             f"no GPU given for the step-time model: ranking assumes {topo.gpu} "
             f"({topo.gpus_per_node} GPUs per node); pass the GPU to rank for your machine"
+        )
+    if req.cost.compute_dtype == "fp8" and topo.fp8_flops is None:
+        raise ConfigError(
+            "compute_dtype",
+            f"{topo.gpu} has no FP8 tensor cores",
+            "use --compute-dtype bf16 (or a GPU with FP8, e.g. H100)",
+        )
+    if req.offloads and set(req.offloads) - {"none"} and topo.host_cpu_cores is None:
+        raise ConfigError(
+            "host_cores",
+            f"offload was asked for but the host CPU cores per node of {topo.gpu} are unknown",
+            "pass --host-cores N (physical cores per node) so CPU Adam can be timed",
         )
     allow_offload = req.allow_offload
     if allow_offload and topo.host_cpu_cores is None:

@@ -24,7 +24,7 @@ from dssup.memory.plan import Candidate, PlanRequest, plan
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology, topology_for
 
-__all__ = ["Recipe", "RecipeResult", "evaluate_recipe", "load_recipes"]
+__all__ = ["Recipe", "RecipeResult", "evaluate_recipe", "load_recipes", "predict_published"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _GiB = 1 << 30
@@ -177,6 +177,17 @@ def _refused(r: Recipe, why: str) -> RecipeResult:
         fit=r.fit,
         note=why,
     )
+
+
+def predict_published(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> float | None:
+    """Predicted tokens/s/GPU of the published config (None: it is not predicted to fit)."""
+    m = _model(r, models)
+    spec = find_gpu(r.gpu)
+    gpu_memory = spec.memory_bytes if spec is not None else 80 * _GiB
+    own = plan(_request(r, m, cm, gpu_memory, False, 1))
+    if not own.candidates:
+        return None
+    return r.global_batch * r.seq_len / own.candidates[0].step_time_s / r.gpus
 
 
 def evaluate_recipe(

@@ -29,13 +29,16 @@ def fold_layout(
     seq: int,
     stages: Sequence[PreparedStage],
     precision: Precision,
+    imbalance: float = 1.0,
 ) -> LayoutCost:
     """``layout_cost`` from the memory model's prepared stages: the largest device's
     parameters (DualPipe: both of its stages) and the most stored activations per sequence."""
     biggest = max(stages, key=lambda g: g.params.split.total)
     split = device_split(biggest, layout)
     acts = max(g.acts["none"] for g in stages)
-    return layout_cost(cm, topo, m, layout, seq, acts, split.non_moe, split.moe, precision)
+    return layout_cost(
+        cm, topo, m, layout, seq, acts, split.non_moe, split.moe, precision, imbalance
+    )
 
 
 def step_time(
@@ -55,7 +58,9 @@ def step_time(
     ov = overheads or Overheads()
     r = resolve(convention, training, ov)
     stages = prepare(model, layout, training, convention, r)
-    lc = fold_layout(cm, topo, model, layout, training.seq_len, stages, r.precision)
+    lc = fold_layout(
+        cm, topo, model, layout, training.seq_len, stages, r.precision, training.moe_imbalance
+    )
     shard = max(states(st, layout, training, convention, r, ov).ms.shard_params for st in stages)
     curve = cost_curve(
         cm,

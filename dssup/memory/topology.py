@@ -15,6 +15,8 @@ experts) occupy consecutive GPUs and stay inside a node whenever they fit in one
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
@@ -92,15 +94,16 @@ def _fmt(name: str, value: float | int) -> str:
     return f"{value:g}"
 
 
-class Link(BaseModel):
-    """Where one collective group runs: its bandwidth per GPU and how much stays in a node."""
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Where one collective group runs: its bandwidth per GPU and how much stays in a node
+    (internal: built for every layout the planner folds, so a plain dataclass)."""
 
-    model_config = _FROZEN
-    size: int = Field(ge=1, description="ranks in the group")
-    nodes: int = Field(ge=1, description="nodes the group spans")
-    per_node: int = Field(ge=1, description="group members inside one node")
-    bytes_per_s: float = Field(gt=0, description="ring/collective bandwidth per GPU, bytes/s")
-    intra: bool = Field(description="the whole group is inside one node")
+    size: int  # ranks in the group
+    nodes: int  # nodes the group spans
+    per_node: int  # group members inside one node
+    bytes_per_s: float  # ring/collective bandwidth per GPU, bytes/s
+    intra: bool  # the whole group is inside one node
 
 
 def group_link(topo: Topology, size: int, stride: int, nic: float, nvlink: float) -> Link:
@@ -114,18 +117,11 @@ def group_link(topo: Topology, size: int, stride: int, nic: float, nvlink: float
     g = topo.gpus_per_node
     span = size * stride
     if size == 1:
-        return Link(size=1, nodes=1, per_node=1, bytes_per_s=nvlink, intra=True)
+        return Link(1, 1, 1, nvlink, True)
     if span <= g:
-        return Link(size=size, nodes=1, per_node=size, bytes_per_s=nvlink, intra=True)
+        return Link(size, 1, size, nvlink, True)
     per_node = max(1, g // stride) if stride < g else 1
-    nodes = -(-size // per_node)
-    return Link(
-        size=size,
-        nodes=nodes,
-        per_node=per_node,
-        bytes_per_s=min(nvlink, per_node * nic),
-        intra=False,
-    )
+    return Link(size, -(-size // per_node), per_node, min(nvlink, per_node * nic), False)
 
 
 _NIC_ASSUMED = 100e9 / 8  # bytes/s: a conservative 100 Gb/s NIC per GPU when the table has none

@@ -1,0 +1,117 @@
+"""``dssup plan`` as a user runs it: bad input refused in one line, searched options pin the
+search, every hardware figure printed, row N explained, and the closest miss named honestly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dssup.cli import main
+
+L8 = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "64"]
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--zero-stages", "5"], "--zero-stages: 5 is not a ZeRO stage; use stages from 0,1,2,3"),
+        (["--zero-stages", "1,x"], "--zero-stages: cannot read"),
+        (["--zero", "5"], "'--zero': 5 is not in the range"),
+        (["--zero", "1", "--zero-stages", "2,3"], "--zero: --zero 1 conflicts"),
+        (["--grad-accum", "4"], "--grad-accum: plan derives it"),
+        (["--offload", "optimizer", "--no-offload"], "--offload: conflicts with --no-offload"),
+        (["--margin", "1.5"], "'--margin'"),
+        (["--explain", "0"], "'--explain'"),
+        (["--explain", "500"], "--explain: row 500 does not exist"),
+        (["--compute-dtype", "fp8", "--gpu", "a100-80gb"], "--compute-dtype"),
+        (["--gpu", "h999"], "--gpu: unknown GPU 'h999'"),
+        (["--offload", "optimizer", "--gpu", "h800"], "--host-cores"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
+    code, _, err = invoke(*L8, "--gpu-memory", "H100", *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_usage_error_one_line_in_a_real_process() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "dssup", *L8, "--gpu-memory", "H100", "--zero", "7"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "--zero" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_searched_options_pin_the_search() -> None:
+    code, out, err = invoke(
+        *L8, "--gpu-memory", "H100", "--micro-batch", "2", "--recompute", "full", "--zero", "1",
+        "--offload", "none", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert rows
+    for c in rows:
+        t = c["training"]
+        assert (t["micro_batch"], t["recompute"], t["zero_stage"]) == (2, "full", 1)
+        assert not t["offload_optimizer"]
+    code, out, err = invoke(
+        "plan", "--model", "mixtral-8x7b", "--gpus", "64", "--global-batch-size", "256",
+        "--gpu-memory", "H100", "--search-parallelism", "--tp", "2", "--schedule", "dualpipe",
+        "--pp", "4", "--json", "--top", "200",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert rows and all(
+        (c["layout"]["tp"], c["layout"]["pp"], c["layout"]["schedule"]) == (2, 4, "dualpipe")
+        for c in rows
+    )
+    assert {c["layout"]["ep"] for c in rows} != {1}  # EP is still searched
+
+
+def test_explain_prints_every_term_and_every_hardware_figure() -> None:
+    code, out, err = invoke(
+        *L8, "--gpu-memory", "H100", "--compute-dtype", "fp8", "--explain", "2", "--top", "3"
+    )
+    assert code == 0, err
+    assert "row 2:" in out and "tokens/s/GPU" in out
+    for term in ("compute.gemm", "pipeline.bubble", "comm.dp_grads", "optimizer", "total"):
+        assert term in out
+    for figure in ("gpus_per_node = 8", "bf16_flops = 989.4 TFLOP/s", "host_cpu_cores = 112"):
+        assert figure in out
+    assert "(GPU table H100-SXM-80GB" in out
+    code, out, _ = invoke(*L8, "--gpu-memory", "H100", "--host-cores", "16", "--explain", "1")
+    assert "host_cpu_cores = 16 (set on the command line)" in out
+
+
+def test_a_size_without_a_gpu_warns_and_names_the_default() -> None:
+    code, out, err = invoke(*L8, "--gpu-memory", "80GiB", "--top", "2")
+    assert code == 0, err
+    assert "warning: no GPU named" in out and "H100-SXM-80GB" in out
+
+
+def test_closest_says_when_only_the_margin_is_missed() -> None:
+    args = ["--gpu-memory", "H100", "--micro-batch", "1", "--recompute", "full", "--zero", "3",
+            "--offload", "none"]  # fmt: skip
+    code, out, _ = invoke(*L8, *args, "--json")
+    peak = json.loads(out)["candidates"][0]["peak_bytes"]
+    gpu = 81559 * 2**20
+    margin = 1 - peak / gpu + 0.001  # just too much kept free
+    code, out, _ = invoke(*L8, *args, "--margin", f"{margin:.4f}")
+    assert code == 1
+    assert "fits the GPU" in out and "--margin" in out and "would admit it" in out
+    code, out, _ = invoke(*L8, "--gpu-memory", "8GiB", "--gpu", "h100", "--offload", "none")
+    assert code == 1 and "nothing fits the GPU" in out and "over the GPU" in out
