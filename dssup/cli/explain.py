@@ -64,17 +64,23 @@ def render_placement(res: PlanResult, row: int, cm: CostModel) -> list[str]:
     lay, topo = res.candidates[row - 1].layout, res.topology
     lk = links(topo, lay, cm.nvlink_efficiency, cm.nic_efficiency)
     out = [f"placement ({topo.gpus_per_node} GPUs per node; achieved bandwidth per GPU):"]
-    for name, link in (
-        ("TP", lk.tp),
-        ("CP", lk.cp),
-        ("EP", lk.ep),
-        ("DP", lk.dp),
-        ("expert DP", lk.edp),
-    ):
+    groups = [("TP", lk.tp), ("CP", lk.cp), ("DP", lk.dp)]
+    if lay.ep > 1:
+        groups += [("expert DP", lk.edp)]
+    for name, link in groups:
         if link.size == 1:
             continue
         where = "inside one node" if link.intra else f"across {link.nodes} nodes"
         out.append(f"  {name} {link.size}: {where}, {link.bytes_per_s / 1e9:.0f} GB/s")
+    ep = lk.ep
+    if ep.size > 1:
+        where = (
+            f"inside one node, NVLink {lk.nvlink / 1e9:.0f} GB/s"
+            if ep.intra
+            else f"across {ep.nodes} nodes ({ep.per_node} per node): traffic leaving the node "
+            f"at {lk.nic / 1e9:.0f} GB/s (NIC), the rest at {lk.nvlink / 1e9:.0f} GB/s (NVLink)"
+        )
+        out.append(f"  EP {ep.size} all-to-all: {where}")
     if lay.pp > 1:
         out.append(f"  PP {lay.pp}: stage to stage at {lk.pp_bytes_per_s / 1e9:.0f} GB/s")
     return out

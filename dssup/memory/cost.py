@@ -16,7 +16,9 @@ For one config (micro-batch ``b``, ``m`` micro-batches, ZeRO stage, offload, rec
 ``bubble`` is ``(PP-1)/VPP`` micro-batches for 1F1B and interleaved 1F1B and
 ``(PP/2-1)(F&B + B - 3W)/(F+B)`` for DualPipe (DeepSeek-V3 technical report, arXiv 2412.19437,
 Table 2; with F:B:W = 1:2:1 that is ``(PP/2-1) * 2/3``); DualPipe also hides EP and PP traffic
-behind the overlapped forward/backward chunk, up to its compute time (same report, sec. 3.2.1).
+behind the overlapped forward/backward chunk, up to its compute time (same report, sec. 3.2.1),
+with 20 of the 132 SMs kept for the communication kernels throughout (sec. 3.2.2), so its
+compute runs ``comm_sm_fraction`` slower whenever there is traffic to hide.
 
 Everything that does not depend on (b, m, ZeRO, offload) is folded into ``LayoutCost`` once per
 layout, and everything but (b, m) into ``CostCurve`` once per (ZeRO, offload, recompute), so the
@@ -90,7 +92,11 @@ class CostModel(BaseModel):
         "(DeepSeek-V3 report sec. 3.2.2: 160 of 200 GB/s on H800)",
     )
     nic_efficiency: float = Field(
-        0.9, gt=0, le=1, description="achieved fraction of the NIC line rate"
+        0.92,
+        gt=0,
+        le=1,
+        description="achieved fraction of the NIC line rate (NVIDIA/nccl-tests#290: 46-48 GB/s "
+        "per 400 Gb/s NIC)",
     )
     comm_sm_fraction: float = Field(
         20 / 132,
@@ -180,7 +186,8 @@ def layout_cost(
     dual = layout.schedule == "dualpipe" and layout.pp > 1
     sm = cm.comm_sm_fraction
     hide = (cm.tp_overlap, cm.ep_overlap, cm.cp_overlap, cm.pp_overlap)
-    g0, c0 = w.gemm * 3 / gemm_rate, w.core * 3.5 / core_rate
+    g_none, c_none = w.fwd_bwd("none")
+    g0, c0 = g_none / gemm_rate, c_none / core_rate
     rc_parts: dict[Recompute, RcPart] = {}
     for rc in RECOMPUTE_LEVELS:
         g, c = w.fwd_bwd(rc)
@@ -191,7 +198,7 @@ def layout_cost(
             shown[1], shown[3] = (0.0, 0.0), (0.0, 0.0)
         exposed = sum(t * (1 - h) + sm * t * h for t, h in shown)
         total = gemm + core + elem
-        extra = gemm + core - g0 - c0
+        extra = max(0.0, gemm + core - g0 - c0)
         rc_parts[rc] = RcPart(
             seq=total,
             exposed=exposed,
@@ -317,9 +324,9 @@ def cost_at(c: CostCurve, b: int, m: int) -> float:
     still costs ``sm`` of its time (the SMs it occupies)."""
     comp = b * c.seq + c.weight_reads
     x = b * c.exposed
-    if c.dual:
+    if c.dual:  # DualPipe keeps its communication SMs for the whole overlapped chunk
         d = b * c.dual
-        x += d - comp + c.sm * comp if d > comp else c.sm * d
+        x += d - comp + c.sm * comp if d > comp else c.sm * comp
     step = (m + c.bubble) * (comp + x) + c.optimizer
     h = c.overlap * comp
     fw = c.fwd_share * h
@@ -373,9 +380,9 @@ def cost_terms(c: CostCurve, b: int, m: int) -> dict[str, float]:
     }
     mb_comm, mb_sm = b * c.exposed, 0.0
     if c.dual:
-        exp, smc = _hide(b * c.dual, comp, c.sm)
+        exp, _ = _hide(b * c.dual, comp, c.sm)
         mb_comm += exp
-        mb_sm += smc
+        mb_sm += c.sm * comp
     out["comm.tp_ep_cp_pp"] = m * mb_comm
     out["pipeline.bubble"] = c.bubble * (comp + mb_comm + mb_sm)
     h = c.overlap * comp
