@@ -11,7 +11,7 @@ bus-bandwidth convention, nccl-tests ``doc/PERFORMANCE.md``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dssup.memory.config import Layout, Recompute
 from dssup.memory.flops import DeviceWork
@@ -21,8 +21,7 @@ from dssup.memory.topology import Link, Topology, group_link
 __all__ = ["Links", "SeqComm", "dp_bytes", "links", "seq_comm"]
 
 
-@dataclass(frozen=True, slots=True)
-class Links:
+class Links(NamedTuple):
     """The link of every group of one layout (achieved bandwidths)."""
 
     tp: Link
@@ -53,8 +52,7 @@ def links(topo: Topology, layout: Layout, nvlink_eff: float, nic_eff: float) -> 
     )
 
 
-@dataclass(frozen=True, slots=True)
-class SeqComm:
+class SeqComm(NamedTuple):
     """Seconds of communication per sequence (b = 1) on one device, by group and recompute."""
 
     tp: dict[Recompute, float]

@@ -28,7 +28,6 @@ their sources are in ``CostModel``; docs/step-time.md has the derivations and th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -140,8 +139,7 @@ class RcPart(NamedTuple):
     traffic: tuple[float, float, float, float]  # raw TP, EP, CP, PP seconds
 
 
-@dataclass(frozen=True, slots=True)
-class LayoutCost:
+class LayoutCost(NamedTuple):
     """Everything that depends only on the layout, folded once (most configs never need it:
     the planner folds it on the first config of the layout that fits)."""
 
@@ -294,22 +292,27 @@ def cost_curve(
     else:
         adam = 2 * (precision.master + 2 * precision.moments) + gb + wb
         optimizer = shard * adam / lc.hbm
-    return CostCurve(
-        seq=part.seq,
-        exposed=part.exposed,
-        dual=part.dual,
-        weight_reads=lc.weight_reads,
-        per_mb=per_mb,
-        grads_mb=grads_mb,
-        grads=grads,
-        params=params,
-        optimizer=optimizer,
-        bubble=lc.bubble,
-        fwd_share=part.fwd_share,
-        overlap=cm.dp_overlap,
-        sm=cm.comm_sm_fraction,
-        parts=part.parts,
-        traffic=part.traffic,
+    # tuple.__new__: a NamedTuple's own constructor is a Python function, and the planner
+    # builds one curve per (layout, ZeRO, offload, recompute) that fits
+    return tuple.__new__(
+        CostCurve,
+        (
+            part.seq,
+            part.exposed,
+            part.dual,
+            lc.weight_reads,
+            per_mb,
+            grads_mb,
+            grads,
+            params,
+            optimizer,
+            lc.bubble,
+            part.fwd_share,
+            cm.dp_overlap,
+            cm.comm_sm_fraction,
+            part.parts,
+            part.traffic,
+        ),
     )
 
 

@@ -114,26 +114,34 @@ def _stage_layers(m: ModelSpec, layout: Layout) -> list[tuple[range, bool, bool]
     return [(r, i == 0, i == len(parts) - 1) for i, r in enumerate(parts)]
 
 
-def device_work(m: ModelSpec, layout: Layout, seq: int, imbalance: float = 1.0) -> list[DeviceWork]:
+_WORK: dict[tuple[object, ...], tuple[ModelSpec, tuple[DeviceWork, ...]]] = {}
+
+
+def device_work(
+    m: ModelSpec, layout: Layout, seq: int, imbalance: float = 1.0
+) -> tuple[DeviceWork, ...]:
     """Work per sequence of every pipeline device (1F1B: its stage; interleaved: its VPP chunks;
-    DualPipe: the mean of stages i and PP-1-i, since half the micro-batches pass each)."""
-    return list(
-        _device_work(
-            m,
-            layout.tp,
-            layout.cp,
-            layout.sp,
-            layout.pp,
-            layout.vpp,
-            layout.schedule,
-            layout.layers_per_stage,
-            seq,
-            imbalance,
-        )
-    )
+    DualPipe: the mean of stages i and PP-1-i, since half the micro-batches pass each).
+
+    Memoised by the model's identity (the entry keeps the model alive, so an id is never
+    reused while its entry exists): hashing a pydantic model field by field on every call cost
+    more than the arithmetic it saved."""
+    lay = layout
+    key: tuple[object, ...] = (id(m), lay.tp, lay.cp, lay.sp, lay.pp, lay.vpp, lay.schedule)
+    key += (lay.layers_per_stage, seq, imbalance)
+    hit = _WORK.get(key)
+    if hit is not None:
+        return hit[1]
+    if len(_WORK) > 4096:
+        _WORK.clear()
+    works = _device_work(
+        m, lay.tp, lay.cp, lay.sp, lay.pp, lay.vpp, lay.schedule, lay.layers_per_stage, seq,
+        imbalance,
+    )  # fmt: skip
+    _WORK[key] = (m, works)
+    return works
 
 
-@lru_cache(maxsize=1024)
 def _device_work(
     m: ModelSpec,
     tp: int,

@@ -171,11 +171,12 @@ def _tail(row: _Row, rc: Recompute) -> tuple[int, int]:
 class _Lazy:
     """A layout's ``LayoutCost``, folded only if one of its configs fits (most do not)."""
 
-    __slots__ = ("groups", "value")
+    __slots__ = ("curves", "groups", "value")
 
     def __init__(self, groups: list[PreparedStage]) -> None:
         self.groups = groups
         self.value: LayoutCost | None = None
+        self.curves: dict[tuple[Recompute, int, bool, bool, int], CostCurve] = {}
 
 
 class _Search:
@@ -193,6 +194,7 @@ class _Search:
         if not allow_offload:
             kinds = tuple(k for k in kinds if k == "none")
         self.offloads = [_OFFLOAD[k] for k in kinds]
+        self._knob_cache: dict[tuple[int, bool, bool], Training] = {}
         self.evaluated = 0
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
@@ -206,6 +208,21 @@ class _Search:
             req.cost, self.topo, req.model, layout, seq, groups, self.r.precision, imb
         )
 
+    def _knobs(self, zero: int, off_opt: bool, off_par: bool) -> Training:
+        """The base training with one (ZeRO, offload) choice (made once per plan)."""
+        key = (zero, off_opt, off_par)
+        knobs = self._knob_cache.get(key)
+        if knobs is None:
+            knobs = self.req.training.model_copy(
+                update={
+                    "zero_stage": zero,
+                    "offload_optimizer": off_opt,
+                    "offload_params": off_par,
+                }
+            )
+            self._knob_cache[key] = knobs
+        return knobs
+
     def _curve(
         self,
         layout: Layout,
@@ -216,11 +233,16 @@ class _Search:
         off_par: bool,
         shard: int,
     ) -> CostCurve:
-        if lc.value is None:
-            lc.value = self._layout_cost(layout, lc.groups)
-        return cost_curve(
-            self.req.cost, lc.value, rc, zero, off_opt, off_par, shard, self.r.precision
-        )
+        key = (rc, zero, off_opt, off_par, shard)
+        curve = lc.curves.get(key)
+        if curve is None:  # the probe's curve is asked for again by the full sweep
+            if lc.value is None:
+                lc.value = self._layout_cost(layout, lc.groups)
+            curve = cost_curve(
+                self.req.cost, lc.value, rc, zero, off_opt, off_par, shard, self.r.precision
+            )
+            lc.curves[key] = curve
+        return curve
 
     def layout(self, layout: Layout) -> None:
         req, r = self.req, self.r
@@ -244,14 +266,7 @@ class _Search:
             for off_opt, off_par in offloads:
                 if off_par and zero != 3:
                     continue
-                knobs = req.training.model_copy(
-                    update={
-                        "zero_stage": zero,
-                        "offload_optimizer": off_opt,
-                        "offload_params": off_par,
-                    }
-                )
-                rows_st = self._rows(layout, groups, knobs)
+                rows_st = self._rows(layout, groups, self._knobs(zero, off_opt, off_par))
                 shard = max(g.shard for g in rows_st)
                 key = (zero, off_opt, off_par, shard)
                 # Probe the least memory-hungry config (most recompute, smallest micro-batch):

@@ -15,7 +15,7 @@ experts) occupy consecutive GPUs and stay inside a node whenever they fit in one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,10 +94,9 @@ def _fmt(name: str, value: float | int) -> str:
     return f"{value:g}"
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
+class Link(NamedTuple):
     """Where one collective group runs: its bandwidth per GPU and how much stays in a node
-    (internal: built for every layout the planner folds, so a plain dataclass)."""
+    (internal: built for every layout the planner folds, so a tuple: cheap to create)."""
 
     size: int  # ranks in the group
     nodes: int  # nodes the group spans
