@@ -29,16 +29,17 @@ from dssup.supervisor import (
 )
 from dssup.supervisor.adapters import PlanAdapter, adapter_applies, load_adapters
 from dssup.supervisor.contract import read_plan_flags
-from dssup.supervisor.story import story, summarize
+from dssup.supervisor.story import global_batch_text, story, summarize
 
 __all__ = ["build_supervisor", "initial_plan", "print_summary", "run_cmd"]
 
 EXIT_HELP = """\b
 Exit status: 0 the job finished (after any number of recoveries); 3 it finished, but a
 recovery was judged broken (the loss jumped or samples were skipped after a resume: see the
-journal's continuity record); after giving up, the last torchrun status (128+N when it died
-of signal N); 125 dssup's own failure; 126 the command is not runnable; 127 it was not found;
-2 bad usage.
+journal's continuity record), or the job reported a global batch other than the one dssup
+keeps (outcome batch-mismatch: see the journal's job-report record); after giving up, the
+last launcher status (128+N when it died of signal N); 125 dssup's own failure; 126 the
+command is not runnable; 127 it was not found; 2 bad usage.
 """
 
 
@@ -184,10 +185,10 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
         echo(f"  failed   {failure}")
     for change in s.changes:
         echo(f"  changed  {change}")
-    gb = s.global_batches[0] if s.global_batches else None
-    state = "unchanged" if s.global_batch_unchanged else f"CHANGED {s.global_batches}"
+    echo(f"  {global_batch_text(s)}")
     echo(
-        f"  global batch {gb}: {state}; time lost (failed attempts + relaunches, an upper bound) {s.time_lost_s:.1f} s of {s.wall_s:.1f} s"
+        f"  time lost (failed attempts + relaunches, an upper bound) {s.time_lost_s:.1f} s "
+        f"of {s.wall_s:.1f} s"
     )
     if s.relaunch_overheads_s:
         worst = max(s.relaunch_overheads_s)

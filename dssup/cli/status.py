@@ -10,7 +10,7 @@ import click
 from dssup.cli.app import main
 from dssup.errors import ConfigError
 from dssup.supervisor import Journal
-from dssup.supervisor.story import story, summarize
+from dssup.supervisor.story import global_batch_text, story, summarize
 
 __all__ = ["status_cmd"]
 
@@ -25,7 +25,11 @@ def status_cmd(run_dir: Path, as_json: bool) -> None:
         raise ConfigError(str(run_dir), "has no journal.jsonl", "pass a dssup run directory")
     if as_json:
         s = summarize(journal)
-        doc = {**vars(s), "global_batch_unchanged": s.global_batch_unchanged}
+        doc = {
+            **vars(s),
+            "global_batch_status": s.global_batch_status,
+            "global_batch_text": global_batch_text(s),
+        }
         click.echo(json.dumps(doc, default=str))
         return
     for line in story(journal):

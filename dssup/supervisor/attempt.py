@@ -27,6 +27,7 @@ from dssup.supervisor.fastfail import ErrorFileWatch
 from dssup.supervisor.hygiene import oom_kill_count, wait_gpu_released
 from dssup.supervisor.models import Failure, FailureKind, RankFailure, TrainingPlan
 from dssup.supervisor.process import Child, kill_quietly, processes_with_token, terminate_token
+from dssup.supervisor.report import AttemptReport
 
 __all__ = ["AttemptResult", "AttemptSpec", "build_spec", "run_attempt"]
 
@@ -55,6 +56,7 @@ class AttemptResult:
     oom_kills: int = 0
     spawned_at: float = 0.0  # time.time() right after torchrun was spawned
     exited_at: float = 0.0  # time.time() when its exit was seen
+    report: AttemptReport | None = None  # the job-side report, read once the attempt ended
 
 
 def _launcher_extras(cmd: TorchrunCommand, attempt_dir: Path) -> list[str]:

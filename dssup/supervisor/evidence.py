@@ -4,9 +4,9 @@ Sources, per attempt directory: torchrun's copy of the root cause (``root_cause.
 ``TORCHELASTIC_ERROR_FILE`` on torchrun itself, with ``errorCode``), each rank's own
 ``error.json``/``stderr.log`` under the per-attempt ``--log-dir``, torchrun's console output with
 its ``ChildFailedError`` table (every failed rank's exit code, including those killed by a
-signal, which write no error file), "done" markers written by ``dssup.runtime.clean_exit``, and
-the OOM-kill counters of our cgroup subtree. torchrun orders root causes by whole-second
-timestamps, so dssup reads every rank's file itself.
+signal, which write no error file), "done" markers written by ``dssup.runtime.clean_exit`` and
+``completed`` records of the job-side report, and the OOM-kill counters of our cgroup subtree.
+torchrun orders root causes by whole-second timestamps, so dssup reads every rank's file itself.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dssup.jobreport import Completed, read_report
+from dssup.supervisor.report import report_path
 
 __all__ = ["AttemptEvidence", "RankEvidence", "collect", "parse_failure_table", "read_error_file"]
 
@@ -144,6 +147,7 @@ def collect(
         ev.rank, ev.exit_code = row["rank"], row["exit_code"]
         ev.sources.append("exit-code")
     done = {int(p.name.split("-")[1]) for p in (attempt_dir / "done").glob("rank-*")}
+    done |= {r.rank for r in read_report(report_path(attempt_dir)).of(Completed)}
     return AttemptEvidence(
         exit_code=exit_code,
         ranks=ranks,

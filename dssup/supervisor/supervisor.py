@@ -36,6 +36,7 @@ from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.process import Child, terminate_token
 from dssup.supervisor.remedies import RemedyPlanner
+from dssup.supervisor.report import AttemptReport, read_attempt_report
 from dssup.supervisor.state import RunState, replay
 
 __all__ = ["RECOVERY_FAILED", "RunOutcome", "Supervisor"]
@@ -45,7 +46,8 @@ log = logging.getLogger(__name__)
 # whose root cause was not seen here (on another node, or a network blip).
 _RETRIED = frozenset({FailureKind.TRANSIENT, FailureKind.COMM})
 # Exit status of a run whose training finished after a recovery an adapter judged broken (the
-# loss jumped, samples were skipped or repeated): the result is not to be trusted as it is.
+# loss jumped, samples were skipped or repeated), or whose job reported a global batch other
+# than the one dssup keeps: the result is not to be trusted as it is.
 RECOVERY_FAILED = 3
 
 
@@ -137,6 +139,10 @@ class Supervisor:
                 )
             result = self._with_transient_retries(journal, state)
             failure = result.failure
+            if result.report is not None and result.report.batch.status == "mismatch":
+                reason = f"the job does not train with the planned global batch: {result.report.batch.detail}"
+                log.error("%s", reason)
+                return self._end(journal, state, "batch-mismatch", reason, RECOVERY_FAILED)
             if failure is None or failure.kind == FailureKind.TEARDOWN:
                 return self._finished(journal, state)
             if failure.kind == FailureKind.INTERRUPTED:
@@ -227,6 +233,7 @@ class Supervisor:
                 lambda r: (
                     r.failure is not None
                     and r.failure.kind in _RETRIED
+                    and (r.report is None or r.report.batch.status != "mismatch")
                     and self._signal is None
                     and state.no_progress < self.config.max_no_progress
                 )
@@ -300,10 +307,41 @@ class Supervisor:
             spawned_at=round(result.spawned_at, 4),
             exited_at=round(result.exited_at, 4),
         )
+        result.report = self._job_report(journal, number, spec.dir, state)
         self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
         self._write_metrics()
         return result
+
+    def _kept_global_batch(self, journal: Journal, state: RunState) -> int | None:
+        """The global batch the run promises: the plan's, else the first one a job verified."""
+        if state.plan.global_batch is not None:
+            return state.plan.global_batch
+        for rec in journal.of_type("job-report"):
+            batch = rec.get("batch") or {}
+            if batch.get("status") == "verified":
+                return int(batch["reported"][0])
+        return None
+
+    def _job_report(
+        self, journal: Journal, number: int, attempt_dir: Path, state: RunState
+    ) -> AttemptReport:
+        """Read and journal what the job reported about the attempt that just ended."""
+        report = read_attempt_report(attempt_dir, self._kept_global_batch(journal, state))
+        batch = {**report.batch.model_dump(mode="json"), "text": report.batch.text()}
+        journal.append(
+            "job-report",
+            attempt=number,
+            batch=batch,
+            first_step=report.first_step,
+            completed_ranks=list(report.completed_ranks),
+            checkpoints=list(report.checkpoints),
+            records=list(report.records),
+            problems=list(report.problems),
+        )
+        level = logging.ERROR if report.batch.status == "mismatch" else logging.INFO
+        log.log(level, "attempt %s: %s", number, report.batch.text())
+        return report
 
     def _assess(self, journal: Journal, number: int, attempt_dir: Path) -> None:
         """Journal what adapters judge of the attempt that just ended (loss continuity)."""

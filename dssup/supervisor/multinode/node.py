@@ -293,6 +293,7 @@ class MultiNodeSupervisor(Supervisor):
         )  # fmt: skip
         if merged is not None and merged.kind.is_oom:
             state.tried.add(state.plan.key())
+        result.report = self._job_report(journal, number, spec.dir, state)
         self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(merged.kind.value if merged else "success")
         self._write_metrics()
