@@ -68,7 +68,7 @@ class CostModel(BaseModel):
         "bench/fit_step_time.py on the recipes marked fit; others held out)",
     )
     fp8_gemm_efficiency: float = Field(
-        0.52,
+        0.5,
         gt=0,
         le=1,
         description="fraction of the dense FP8 peak that FP8 GEMMs reach, "
@@ -217,7 +217,7 @@ def layout_cost(
     return LayoutCost(
         rc=rc_parts,
         zero=zero_parts,
-        weight_reads=3 * params * wb / topo.hbm_bytes_per_s,
+        weight_reads=3 * params * (1 if fp8 else wb) / topo.hbm_bytes_per_s,
         bubble=bubble(layout),
         params=params,
         hbm=topo.hbm_bytes_per_s,

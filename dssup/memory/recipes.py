@@ -24,7 +24,15 @@ from dssup.memory.plan import Candidate, PlanRequest, plan
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology, topology_for
 
-__all__ = ["Recipe", "RecipeResult", "evaluate_recipe", "load_recipes", "predict_published"]
+__all__ = [
+    "Recipe",
+    "RecipeResult",
+    "evaluate_recipe",
+    "load_recipes",
+    "predict_published",
+    "recipe_model",
+    "recipe_topology",
+]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _GiB = 1 << 30
@@ -102,11 +110,13 @@ def load_recipes(doc: dict[str, Any]) -> tuple[list[Recipe], dict[str, ModelSpec
     return [Recipe.model_validate(r) for r in doc["recipes"]], models
 
 
-def _model(r: Recipe, models: dict[str, ModelSpec]) -> ModelSpec:
+def recipe_model(r: Recipe, models: dict[str, ModelSpec]) -> ModelSpec:
+    """The recipe's model: a fixture model or a dssup preset."""
     return models[r.model] if r.model in models else preset(r.model)
 
 
-def _topology(r: Recipe) -> Topology:
+def recipe_topology(r: Recipe) -> Topology:
+    """The reference node of the recipe's GPU (with its host cores if the recipe gives them)."""
     spec = find_gpu(r.gpu)
     if spec is None:
         raise ConfigError("gpu", f"unknown GPU {r.gpu!r}", "use a GPU table name")
@@ -131,7 +141,7 @@ def _request(
         micro_batches=(r.micro_batch,) if pinned else None,
         search_parallelism=search,
         cost=cm.model_copy(update={"compute_dtype": r.compute_dtype, "ep_dispatch": r.ep_dispatch}),
-        topology=_topology(r),
+        topology=recipe_topology(r),
         limit=limit,
     )
 
@@ -181,7 +191,7 @@ def _refused(r: Recipe, why: str) -> RecipeResult:
 
 def predict_published(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> float | None:
     """Predicted tokens/s/GPU of the published config (None: it is not predicted to fit)."""
-    m = _model(r, models)
+    m = recipe_model(r, models)
     spec = find_gpu(r.gpu)
     gpu_memory = spec.memory_bytes if spec is not None else 80 * _GiB
     own = plan(_request(r, m, cm, gpu_memory, False, 1))
@@ -194,7 +204,7 @@ def evaluate_recipe(
     r: Recipe, models: dict[str, ModelSpec], cm: CostModel, limit: int = 200_000
 ) -> RecipeResult:
     """The published config's prediction and its rank in the parallelism search."""
-    m = _model(r, models)
+    m = recipe_model(r, models)
     spec = find_gpu(r.gpu)
     gpu_memory = spec.memory_bytes if spec is not None else 80 * _GiB
     try:
