@@ -195,6 +195,8 @@ class _Search:
             kinds = tuple(k for k in kinds if k == "none")
         self.offloads = [_OFFLOAD[k] for k in kinds]
         self._knob_cache: dict[tuple[int, bool, bool], Training] = {}
+        self.layouts = 0  # layouts whose configs were evaluated
+        self.skipped: list[Layout] = []  # layouts no micro-batch choice could run
         self.evaluated = 0
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
@@ -252,13 +254,15 @@ class _Search:
             if req.search_parallelism:
                 return
             raise
-        groups = _groups(prepare(req.model, layout, req.training, req.convention, r))
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
         if layout.schedule == "dualpipe" and layout.pp > 1:
             micro = [b for b in micro if dualpipe_micro_ok(layout.pp, rows // b)]
-            if not micro:
-                return
+        if not micro:
+            self.skipped.append(layout)
+            return
+        self.layouts += 1
+        groups = _groups(prepare(req.model, layout, req.training, req.convention, r))
         lc = _Lazy(groups)  # the layout's step-time figures, on its first config that fits
         offloads = self.offloads
         deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
@@ -390,6 +394,44 @@ class _Search:
         )
 
 
+def _nothing_to_search(req: PlanRequest, skipped: list[Layout]) -> ConfigError:
+    """Why no config could even be evaluated: a pinned micro-batch, DualPipe's micro-batch
+    rule or pinned layout fields that leave nothing."""
+    if skipped and req.micro_batches:
+        rows = req.global_batch // skipped[0].dp
+        return ConfigError(
+            "micro_batch",
+            f"{req.micro_batches[0]} does not divide the {rows} sequences per DP rank"
+            + (
+                " into an even number >= 2 x PP (DualPipe)"
+                if skipped[0].schedule == "dualpipe"
+                else ""
+            ),
+            "pick a divisor of global batch / DP, or leave --micro-batch out",
+        )
+    if skipped:
+        lay = skipped[0]
+        return ConfigError(
+            "global_batch_size",
+            f"DualPipe needs an even number of micro-batches, at least 2 x PP = {2 * lay.pp}, "
+            f"and {req.global_batch // lay.dp} sequences per DP rank do not allow it",
+            "raise --global-batch-size or lower --pp",
+        )
+    pins = ", ".join(f"--{f} {getattr(req.layout, f)}" for f in req.fixed)
+    if pins:
+        return ConfigError(
+            req.fixed[0],
+            f"no valid layout for {_world(req)} GPUs with {pins}",
+            "change or drop the pinned values (TP, PP, EP and VPP must divide the GPUs, heads, "
+            "layers and experts)",
+        )
+    return ConfigError(
+        "global_batch_size",
+        f"no layout of {_world(req)} GPUs has a DP that divides {req.global_batch}",
+        "use a global batch with more factors of two, or another GPU count",
+    )
+
+
 def plan(req: PlanRequest) -> PlanResult:
     """Every config in the search space that fits, ranked by the step-time model (``cost.py``)."""
     warnings: list[str] = []
@@ -423,6 +465,14 @@ def plan(req: PlanRequest) -> PlanResult:
     for layout in _layouts(req):
         if req.global_batch % layout.dp == 0:
             search.layout(layout)
+        elif not req.search_parallelism:
+            raise ConfigError(
+                "global_batch_size",
+                f"{req.global_batch} is not a multiple of DP = {layout.dp}",
+                f"use a multiple of {layout.dp} (DP = GPUs / (tp * pp * cp))",
+            )
+    if not search.layouts:
+        raise _nothing_to_search(req, search.skipped)
     search.fitting.sort(key=lambda row: (row[0], row[1]))
     chosen = [search.candidate(hit) for hit in search.fitting[: req.limit]]
     closest = None

@@ -35,6 +35,8 @@ def invoke(*args: str) -> tuple[int, str, str]:
         (["--compute-dtype", "fp8", "--gpu", "a100-80gb"], "--compute-dtype"),
         (["--gpu", "h999"], "--gpu: unknown GPU 'h999'"),
         (["--offload", "optimizer", "--gpu", "h800"], "--host-cores"),
+        (["--micro-batch", "3"], "--micro-batch: 3 does not divide the 8 sequences per DP rank"),
+        (["--search-parallelism", "--tp", "16"], "--tp: no valid layout for 8 GPUs with --tp 16"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
@@ -42,6 +44,20 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "7"],
+         "--global-batch-size: 7 is not a multiple of DP = 8"),
+        (["--model", "mixtral-8x7b", "--gpus", "64", "--global-batch-size", "32", "--pp", "8",
+          "--ep", "8", "--schedule", "dualpipe"], "--global-batch-size: DualPipe needs an even"),
+    ],
+)  # fmt: skip
+def test_impossible_batches_are_refused(args: list[str], needle: str) -> None:
+    code, _, err = invoke("plan", *args, "--gpu-memory", "H100")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
 
 
 def test_usage_error_one_line_in_a_real_process() -> None:
