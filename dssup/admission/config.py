@@ -17,7 +17,7 @@ from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import HF, MEGATRON_MODEL, SWITCHES
 from dssup.admission.source import Found, Sources, positive, switch
-from dssup.errors import ConfigError, DssupError
+from dssup.errors import ConfigError, DssupError, UnknownModelType
 from dssup.memory import Layout, ModelSpec, Precision, Training, model_from_hf_config, preset
 from dssup.memory.hf import preset_names
 
@@ -58,7 +58,10 @@ def _hf_model(text: str, label: str) -> ModelSpec:
         raise ConfigError(
             ann.MODEL, f"{label} is not JSON", "store the model's config.json"
         ) from None
-    return model_from_hf_config(cfg, name=label)
+    try:
+        return model_from_hf_config(cfg, name=label)
+    except UnknownModelType as exc:  # not a wrong value: dssup cannot judge this model
+        raise Incomplete([f"a model dssup reads exactly: {label}: {exc}"]) from None
 
 
 def _model_from_annotation(src: Sources, cache: ClusterCache, value: str) -> tuple[ModelSpec, str]:
@@ -122,7 +125,7 @@ def _megatron_model(src: Sources) -> tuple[ModelSpec, str] | None:
         cfg["shared_expert_intermediate_size"] = shared
     cfg["tie_word_embeddings"] = not switch(src, "untie")
     key = "megatron:" + ",".join(f"{k}={v}" for k, v in sorted(cfg.items()))
-    return model_from_hf_config(cfg, name="megatron-args"), key
+    return model_from_hf_config(cfg, name="megatron-args", approximate_as="generic"), key
 
 
 def _model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:

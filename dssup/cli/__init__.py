@@ -16,6 +16,7 @@ __all__ = ["main"]
 # Sub-command modules; each adds itself to ``main`` on import.
 for _name in (
     "estimate",
+    "models",
     "plan",
     "demo",
     "run",

@@ -105,6 +105,9 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
       dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32
       dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
           --global-batch-size 512 --recompute selective --json
+      dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
+          --global-batch-size 512 --zero 1
+    Hub ids, presets and the model types read exactly: dssup models.
     Exit status: 0 fits (or no --gpu-memory), 1 does not fit, 2 bad input.
     """
     est = run_estimate(o)

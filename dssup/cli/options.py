@@ -46,8 +46,16 @@ def model_options(fn: F) -> F:
                 "-m",
                 default="deepseek-v3",
                 show_default=True,
-                help="Preset name (deepseek-v3, deepseek-v2, deepseek-v2-lite, llama-3-8b, "
-                "mixtral-8x7b, ...) or a path to a Hugging Face config.json (or its folder).",
+                help="A Hugging Face config.json (or its folder), a Hub id dssup ships "
+                "(meta-llama/Meta-Llama-3-70B, ...: see `dssup models`) or a preset "
+                "(deepseek-v3, llama-3-8b, ...).",
+            ),
+            click.option(
+                "--approximate-as",
+                default=None,
+                metavar="TYPE",
+                help="Read a config whose model_type dssup does not know as this known type "
+                "(e.g. llama, deepseek_v3, or generic); stated among the assumptions.",
             ),
             click.option(
                 "--convention",
@@ -313,6 +321,6 @@ def build_overheads(o: dict[str, Any]) -> Overheads:
 def build_inputs(
     o: dict[str, Any], dp: int, grad_accum: int
 ) -> tuple[ModelSpec, Layout, Training, Overheads, int | None]:
-    model = load_model(o["model"])
+    model = load_model(o["model"], o.get("approximate_as"))
     gpu = parse_size(o["gpu_memory"], "--gpu-memory") if o.get("gpu_memory") else None
     return model, build_layout(o, dp), build_training(o, grad_accum), build_overheads(o), gpu

@@ -146,7 +146,7 @@ def plan_cmd(
     topo, warnings = build_topology(o)
     del o["nnodes"], o["nproc_per_node"]
     req = PlanRequest(
-        model=load_model(o["model"]),
+        model=load_model(o["model"], o.get("approximate_as")),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
         global_batch=o["global_batch_size"],
         world_size=o["world_size"],

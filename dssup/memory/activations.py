@@ -23,7 +23,7 @@ from dssup.memory.config import Convention, Recompute
 from dssup.memory.profile import EagerProfile
 from dssup.memory.spec import ModelSpec
 
-__all__ = ["Ctx", "Term", "keep", "layer_terms", "stage_io_terms", "term"]
+__all__ = ["Ctx", "Term", "keep", "layer_terms", "mlp_tensors", "stage_io_terms", "term"]
 
 FULL_KEEP = frozenset({"input", "route", "io"})
 SELECTIVE_DROP = frozenset({"norm", "up_proj", "core_attn", "act"})
@@ -110,21 +110,47 @@ def _gqa_terms(c: Ctx) -> list[Term]:
         term("attn.norm_out", "norm", 2 * s * h / c.seq),
         term("attn.q", "up_proj", 2 * s * m.heads * d / t),
         term("attn.kv", "latent", 4 * s * m.kv_heads * d / t),
+        *_qk_norm_terms(c),
         *_core_attention(c, "attn"),
         term("attn.out", "attn_out", 2 * s * m.heads * d / t),
+        *_post_norm_terms(c, "attn"),
     ]
     if c.dropout:
         terms.append(term("attn.dropout_mask", "dropout", s * h / c.seq))
     return terms
 
 
+def _qk_norm_terms(c: Ctx) -> list[Term]:
+    """Q/K norms (Qwen3, Gemma-3, OLMo-2) keep their inputs, the projected q and k."""
+    m = c.m
+    if m.qk_norm == "none":
+        return []
+    return [term("attn.qk_norm_input", "norm", 2 * c.s * (m.heads + m.kv_heads) * m.head_dim / c.t)]
+
+
+def _post_norm_terms(c: Ctx, prefix: str) -> list[Term]:
+    """Gemma-2/3 sandwich norms: the post-attention and post-MLP norms keep their inputs."""
+    if c.m.layer_norms < 4:
+        return []
+    return [term(f"{prefix}.post_norm_input", "norm", 2 * c.s * c.m.hidden / c.seq)]
+
+
 def _ffn_head(c: Ctx, prefix: str) -> list[Term]:
     group = "input" if c.conv == "paper" else "residual"
     h, s = c.m.hidden, c.s
+    if c.m.parallel_block:  # the MLP reads the attention's input (and, with one norm, its output)
+        shared = c.m.layer_norms == 1
+        return [] if shared else [term(f"{prefix}.norm_out", "norm", 2 * s * h / c.seq)]
     return [
         term(f"{prefix}.input", group, 2 * s * h / c.seq),
         term(f"{prefix}.norm_out", "norm", 2 * s * h / c.seq),
     ]
+
+
+def mlp_tensors(m: ModelSpec) -> int:
+    """h_F-wide tensors an MLP keeps per stage: gated (SwiGLU/GeGLU) 2 (gate and up outputs;
+    activation and product), plain GELU 1 (fc1 output; activation output)."""
+    return 2 if m.mlp_kind == "gated" else 1
 
 
 def _dense_terms(c: Ctx) -> list[Term]:
@@ -132,7 +158,8 @@ def _dense_terms(c: Ctx) -> list[Term]:
     terms = _ffn_head(c, "mlp")
     if c.conv == "paper":  # 4bsh/t + 3bsh + 8bs*h_F/t
         terms.append(term("mlp.fc1_input", "mlp", 3 * s * h))
-    terms += [term("mlp.fc1_out", "mlp", 4 * s * f / t), term("mlp.act", "act", 4 * s * f / t)]
+    k = 2 * mlp_tensors(c.m)
+    terms += [term("mlp.fc1_out", "mlp", k * s * f / t), term("mlp.act", "act", k * s * f / t)]
     if c.conv == "megatron" and c.dropout:
         terms.append(term("mlp.dropout_mask", "dropout", s * h / c.seq))
     return terms
@@ -185,7 +212,7 @@ def layer_terms(c: Ctx, moe_layer: bool) -> list[Term]:
         terms += _moe_terms_paper(c) if c.conv == "paper" else _moe_terms_megatron(c)
     else:
         terms += _dense_terms(c)
-    return terms
+    return terms + _post_norm_terms(c, "mlp")
 
 
 def stage_io_terms(c: Ctx, first: bool, last: bool, mtp_terms: list[Term]) -> list[Term]:

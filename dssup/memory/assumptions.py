@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dssup.memory.config import Convention, Layout, Training
 from dssup.memory.defaults import Resolved
+from dssup.memory.describe import architecture_lines
 from dssup.memory.spec import ModelSpec
 
 __all__ = ["assumptions"]
@@ -15,13 +16,15 @@ __all__ = ["assumptions"]
 _GIB = float(1 << 30)
 
 
-def _common(layout: Layout, training: Training, r: Resolved) -> list[str]:
+def _common(m: ModelSpec, layout: Layout, training: Training, r: Resolved) -> list[str]:
     p = r.precision
     out = [
         f"bytes per parameter: weights {p.weights}, gradients {p.gradients}, optimizer "
         f"{p.optimizer} (master {p.master} + 2 Adam moments of {p.moments})",
         f"ZeRO stage {training.zero_stage}: non-MoE states sharded over DP, MoE over "
-        f"EDP={layout.edp}",
+        f"EDP={layout.edp}"
+        if m.moe is not None
+        else f"ZeRO stage {training.zero_stage}: states sharded over DP={layout.dp}",
         "flash/fused attention: the s^2 scores are not stored"
         if r.flash
         else "attention scores (softmax) stored: b*n_h*s^2 per layer",
@@ -45,17 +48,25 @@ def _common(layout: Layout, training: Training, r: Resolved) -> list[str]:
     return out
 
 
+def _shared(m: ModelSpec) -> bool:
+    return m.moe is not None and m.moe.n_shared > 0
+
+
 def _conventional(m: ModelSpec, conv: Convention, training: Training) -> list[str]:
     if conv == "paper":
+        replicated = " and ".join(
+            x for x, on in (("W_QR", m.mla is not None), ("shared experts", _shared(m))) if on
+        )
+        over = f" {replicated} replicated over TP," if replicated else ""
         out = [
-            "convention paper: arXiv 2502.07846 formulas, W_QR and shared experts replicated "
-            "over TP, no final norm, no MTP, no logits"
+            f"convention paper: arXiv 2502.07846 formulas,{over} no final norm, no MTP, no logits"
         ]
         if m.moe is not None:
             out.append("paper expert tokens: E_token = b*s*N_r/N spread over the EP group")
         return out
+    wqr = "W_QR split by TP, " if m.mla is not None else ""
     out = [
-        "convention megatron: W_QR split by TP, vocabulary padded to 128*TP, FP32 logits "
+        f"convention megatron: {wqr}vocabulary padded to 128*TP, FP32 logits "
         "kept for the loss on the last stage"
     ]
     if m.moe is not None:
@@ -71,7 +82,8 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training) -> list[st
 def assumptions(
     m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
 ) -> list[str]:
-    out = _conventional(m, conv, training) + _common(layout, training, r)
+    out = _conventional(m, conv, training) + _common(m, layout, training, r)
+    out += architecture_lines(m)
     prof = training.implementation
     if prof is not None:
         out.insert(

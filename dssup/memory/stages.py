@@ -15,10 +15,12 @@ from dssup.memory.params import (
     Split,
     attention_params,
     embedding_params,
+    head_extra_params,
     mlp_params,
     moe_params,
     mtp_block_params,
     norm_params,
+    positions_params,
 )
 from dssup.memory.spec import ModelSpec
 
@@ -135,10 +137,10 @@ def _stage_params(
         vocab = padded_vocab(m, layout.tp, conv)
         emb = embedding_params(m, layout.tp, vocab)
         if first:
-            total += Split(non_moe=emb)
+            total += Split(non_moe=emb + positions_params(m))
         if last:
             head = 0 if (m.tie_embeddings and first) else emb
-            total += Split(non_moe=head + m.hidden)
+            total += Split(non_moe=head + head_extra_params(m, layout.tp, vocab))
             if m.mtp_depth:
                 mtp = mtp_block_params(m, layout, conv, layout.tp).scale(m.mtp_depth)
                 total += mtp

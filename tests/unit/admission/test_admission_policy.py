@@ -389,3 +389,21 @@ def test_cache_replace_all_and_delete():
     assert cache.config_map("team-a", "ds-config") is not None
     cache.delete("ConfigMap", "team-a", "ds-config")
     assert cache.config_map("team-a", "ds-config") is None
+
+
+def test_unknown_model_type_in_a_configmap_is_incomplete_not_denied():
+    """A real config dssup cannot read exactly (Kimi-K2, model_type kimi_k2; source in
+    tests/fixtures/models/README.md) is missing information: allowed with a warning."""
+    from pathlib import Path
+
+    text = (
+        Path(__file__).parents[2] / "fixtures/models/moonshotai--Kimi-K2-Instruct.json"
+    ).read_text()
+    cache = cluster_cache()
+    cache.upsert({"kind": "ConfigMap", "metadata": {"name": "kimi", "namespace": "team-a"},
+                  "data": {"config.json": text}})  # fmt: skip
+    obj = load("jobset-llama70b.yaml")
+    obj["metadata"].setdefault("annotations", {})["dssup.io/model"] = "configmap:kimi/config.json"
+    d = Policy(cache).judge(obj, "team-a", "validate")
+    assert d.allowed and d.code == "config-incomplete", (d.code, d.message)
+    assert "kimi_k2" in " ".join(d.warnings) + d.message

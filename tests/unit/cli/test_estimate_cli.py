@@ -127,7 +127,7 @@ def test_hf_config_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--model", "nope"], "--model: unknown preset 'nope'; use one of"),
+        (["--model", "nope"], "--model: 'nope' is neither a file nor a model dssup knows"),
         (
             ["--model", "deepseek-v3", "--tp", "3"],
             "--tp: 3 does not divide num_attention_heads=128",
@@ -169,6 +169,7 @@ def test_config_json_missing_field(tmp_path: Path) -> None:
     cfg.write_text(
         json.dumps(
             {
+                "model_type": "llama",
                 "hidden_size": 1024,
                 "intermediate_size": 4096,
                 "num_hidden_layers": 4,
@@ -179,8 +180,8 @@ def test_config_json_missing_field(tmp_path: Path) -> None:
     out = run("estimate", "--model", str(cfg))
     assert out.returncode == 2
     assert out.stderr.strip() == (
-        "dssup: error: config.json:num_attention_heads: missing; add "
-        "'num_attention_heads' to the config.json"
+        f"dssup: error: --model: {cfg}: config.json:num_attention_heads: missing; add "
+        "'num_attention_heads' to the config"
     )
 
 
