@@ -19,6 +19,7 @@ from pathlib import Path
 from dssup.memory.cost import CostModel
 from dssup.memory.recipes import Recipe, load_recipes, predict_published
 from dssup.memory.spec import ModelSpec
+from dssup.modelio import load_model
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/step_time/recipes.json"
 FIELD = {"bf16": "gemm_efficiency", "fp8": "fp8_gemm_efficiency"}
@@ -52,7 +53,7 @@ def golden(field: str, rows: list[Recipe], models: dict[str, ModelSpec]) -> floa
 
 
 def main() -> None:
-    recipes, models = load_recipes(json.loads(FIXTURE.read_text()))
+    recipes, models = load_recipes(json.loads(FIXTURE.read_text()), load_model)
     for dtype, field in FIELD.items():
         rows = [r for r in recipes if r.fit and r.compute_dtype == dtype]
         value = golden(field, rows, models)

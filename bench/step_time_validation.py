@@ -28,12 +28,13 @@ from dssup.memory.recipes import (
 )
 from dssup.memory.spec import ModelSpec
 from dssup.memory.steptime import fold_layout
+from dssup.modelio import load_model
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/step_time/recipes.json"
 
 
 def results(cm: CostModel | None = None) -> list[RecipeResult]:
-    recipes, models = load_recipes(json.loads(FIXTURE.read_text()))
+    recipes, models = load_recipes(json.loads(FIXTURE.read_text()), load_model)
     return [evaluate_recipe(r, models, cm or CostModel()) for r in recipes]
 
 
@@ -61,7 +62,7 @@ def step_time_alone(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> f
 
 
 def alone(cm: CostModel | None = None) -> str:
-    recipes, models = load_recipes(json.loads(FIXTURE.read_text()))
+    recipes, models = load_recipes(json.loads(FIXTURE.read_text()), load_model)
     lines = ["step time alone for the published layouts the memory model cannot place yet:"]
     for r, res in zip(recipes, results(cm), strict=True):
         if not res.fits:

@@ -10,8 +10,9 @@ Conventions (per token, forward; backward is twice the GEMMs and 2.5 x the atten
 the FlashAttention-2 paper's count, arXiv 2307.08691 sec. 3.2):
 
 * a GEMM of an ``[n, k]`` input with a ``[k, m]`` weight costs ``2 n k m``;
-* causal attention scores and the value product cost ``heads * (d_qk + d_v) * s`` per token
-  (``2 (d_qk + d_v)`` per key, ``s / 2`` keys on average under the causal mask);
+* causal attention scores and the value product cost ``2 (d_qk + d_v)`` per key and head, with
+  ``(s+1)/2`` keys on average under the causal mask (fewer for sliding-window layers);
+* an MLP is 3 matrices (gated: SwiGLU/GeGLU) or 2 (plain GELU MLPs), for experts too;
 * with sequence parallelism (Megatron's requirement for MoE with TP) the token dimension of
   everything outside the split matrices is divided by TP too; context parallelism divides the
   tokens of a sequence by CP.
@@ -56,7 +57,7 @@ def layer_work(
         qkv = 2 * h * (m.heads * d + 2 * m.kv_heads * d)
         out = 2 * m.heads * d * h
         attn, up = (qkv + out) / tp, 2 * h * m.heads * d / tp
-        core = m.heads * 2 * d * seq / tp
+        core = m.heads * 4 * d * _keys(m, seq) / tp
     else:
         a = m.mla
         dqk = a.qk_nope_head_dim + a.qk_rope_head_dim
@@ -70,16 +71,28 @@ def layer_work(
         out = 2 * m.heads * a.v_head_dim * h
         up = (q_up + kv_up) / tp
         attn = up + out / tp + down / shard
-        core = m.heads * (dqk + a.v_head_dim) * seq / tp
+        core = m.heads * 2 * (dqk + a.v_head_dim) * _keys(m, seq) / tp
+    mats = 3 if m.mlp_kind == "gated" else 2  # gate, up, down; or fc1, fc2
     if moe and m.moe is not None:
         e = m.moe
-        routed = imbalance * e.top_k * 6 * h * e.expert_ffn / shard
-        shared = e.n_shared * 6 * h * e.shared_ffn / tp
+        routed = imbalance * e.top_k * 2 * mats * h * e.expert_ffn / shard
+        shared = e.n_shared * 2 * mats * h * e.shared_ffn / tp
         ffn, slots = routed + shared + 2 * h * e.n_routed / shard, imbalance * e.top_k / shard
     else:
-        ffn, slots = 6 * h * m.ffn / tp, 0.0
+        ffn, slots = 2 * mats * h * m.ffn / tp, 0.0
     del cp  # tokens per sequence are divided by CP by the caller (per-sequence totals)
     return LayerWork(attn, up, core, ffn, slots)
+
+
+def _keys(m: ModelSpec, seq: int) -> float:
+    """Keys a query attends to on average under the causal mask, over the model's layers:
+    ``(s+1)/2`` for full attention; with a window ``w < s``, ``w - w(w-1)/(2s)``."""
+    full = (seq + 1) / 2
+    if not m.sliding_window or not m.sliding_layers or m.sliding_window >= seq:
+        return full
+    w = m.sliding_window
+    window = w - w * (w - 1) / (2 * seq)
+    return (full * (m.layers - m.sliding_layers) + window * m.sliding_layers) / m.layers
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ Pure: the caller reads the JSON and passes the dicts in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +20,6 @@ from dssup.errors import ConfigError
 from dssup.memory.config import Layout, Precision, Recompute, Schedule, Training
 from dssup.memory.cost import CostModel
 from dssup.memory.gpus import find_gpu
-from dssup.memory.hf import model_from_hf_config, preset
 from dssup.memory.plan import Candidate, PlanRequest, plan
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology, topology_for
@@ -44,7 +44,7 @@ class Recipe(BaseModel):
     model_config = _FROZEN
     name: str
     source: str = Field(description="key into the fixture's sources (repo, path, commit or paper)")
-    model: str = Field(description="a dssup preset or a key into the fixture's models")
+    model: str = Field(description="a Hub id of dssup's model registry or a dssup preset")
     gpu: str = Field(description="GPU table name")
     gpus: int = Field(gt=0)
     compute_dtype: Literal["bf16", "fp8"]
@@ -101,18 +101,18 @@ class RecipeResult(BaseModel):
     note: str = Field("", description="why the published layout could not be evaluated")
 
 
-def load_recipes(doc: dict[str, Any]) -> tuple[list[Recipe], dict[str, ModelSpec]]:
-    """Recipes and their models from the fixture's parsed JSON."""
-    models = {
-        name: model_from_hf_config({k: v for k, v in cfg.items() if not k.startswith("_")}, name)
-        for name, cfg in doc["models"].items()
-    }
-    return [Recipe.model_validate(r) for r in doc["recipes"]], models
+def load_recipes(
+    doc: dict[str, Any], load: Callable[[str], ModelSpec]
+) -> tuple[list[Recipe], dict[str, ModelSpec]]:
+    """Recipes from the fixture's parsed JSON and their models, read by ``load`` (the caller's
+    model loader, e.g. ``dssup.modelio.load_model``: registry Hub ids and presets)."""
+    recipes = [Recipe.model_validate(r) for r in doc["recipes"]]
+    return recipes, {r.model: load(r.model) for r in recipes}
 
 
 def recipe_model(r: Recipe, models: dict[str, ModelSpec]) -> ModelSpec:
-    """The recipe's model: a fixture model or a dssup preset."""
-    return models[r.model] if r.model in models else preset(r.model)
+    """The recipe's model, as ``load_recipes`` read it."""
+    return models[r.model]
 
 
 def recipe_topology(r: Recipe) -> Topology:
