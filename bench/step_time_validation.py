@@ -42,8 +42,10 @@ def step_time_alone(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> f
     """Predicted tokens/s/GPU of the published config by the step-time model alone, for layouts
     the memory model refuses or does not fit: the layout's work and traffic as the planner folds
     them, with the memory model's parameters and activations of the same layout without VPP
-    (which the memory model cannot split unevenly yet). Documentation only."""
-    m, topo, lay = recipe_model(r, models), recipe_topology(r), r.layout()
+    (which the memory model cannot split per virtual stage yet), virtual stages split evenly
+    (the recipe's own split differs by one layer at the ends). Documentation only."""
+    m, topo = recipe_model(r, models), recipe_topology(r)
+    lay = r.model_copy(update={"layers_per_stage": None}).layout()  # even split: see docstring
     mm = r.global_batch // (lay.dp * r.micro_batch)
     rc = r.recompute or "selective"
     t = Training(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dssup.errors import ConfigError
 from dssup.memory.config import Layout, Precision, Recompute, Schedule, Training
@@ -57,6 +57,10 @@ class Recipe(BaseModel):
     vpp: int = Field(gt=0)
     ep: int = Field(gt=0)
     schedule: Schedule
+    layers_per_stage: tuple[int, ...] | None = Field(
+        None, description="the recipe's layer count per (virtual) stage; None: even split"
+    )
+    split_note: str = Field("", description="where layers_per_stage comes from")
     zero: int = Field(ge=0, le=3, description="distributed optimizer = 1, FSDP = 3")
     recompute: Recompute | None = Field(description="None: not published, dssup picks")
     precision: str = Field("bf16", description="Precision.named preset")
@@ -76,6 +80,7 @@ class Recipe(BaseModel):
             ep=self.ep,
             dp=self.gpus // (self.tp * self.pp * self.cp),
             schedule=self.schedule,
+            layers_per_stage=self.layers_per_stage,
         )
 
 
@@ -209,8 +214,8 @@ def evaluate_recipe(
     gpu_memory = spec.memory_bytes if spec is not None else 80 * _GiB
     try:
         own = plan(_request(r, m, cm, gpu_memory, False, 1))
-    except ConfigError as exc:  # a layout the memory model cannot express (yet)
-        return _refused(r, str(exc))
+    except (ConfigError, ValidationError) as exc:  # a layout the memory model cannot express
+        return _refused(r, str(exc).splitlines()[1 if isinstance(exc, ValidationError) else 0])
     tokens = r.global_batch * r.seq_len
     found = own.candidates[0] if own.candidates else None
     step = found.step_time_s if found is not None else None
