@@ -19,7 +19,7 @@ from dssup import modelzoo
 from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, model_from_hf_config, preset, preset_names
 
-__all__ = ["load_model", "model_names"]
+__all__ = ["load_model", "model_names", "read_config"]
 
 FLAG = "--model"
 _MAX_BYTES = 16 << 20  # a config.json is kilobytes; weights are gigabytes
@@ -98,6 +98,25 @@ def _not_found(text: str) -> ConfigError:
         f"{hint}pass a config.json path, a Hub id from `dssup models` (e.g. "
         f"meta-llama/Meta-Llama-3-70B) or a preset ({', '.join(preset_names())})",
     )
+
+
+def read_config(source: str | Path, flag: str = "--hf") -> tuple[dict[str, Any], Path]:
+    """The contents of a config.json (or of the one in a folder) and the file read; errors name
+    ``flag``, the option the path came from."""
+    path = Path(str(source)).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            flag, f"{source} is not a config.json or a folder holding one", "check the path"
+        )
+    try:
+        doc = _read_json(path)
+    except ConfigError as exc:
+        raise ConfigError(flag, exc.problem, exc.fix) from None
+    if not isinstance(doc, dict):
+        raise ConfigError(flag, f"{path} is not a JSON object", "pass a Hugging Face config.json")
+    return doc, path
 
 
 def load_model(

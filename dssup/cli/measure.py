@@ -10,43 +10,28 @@ process (``python -m dssup.runtime.reference``) so this CLI never imports torch 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from dssup.cli.app import main
-from dssup.errors import ConfigError, DssupError
+from dssup.cli.traced import run_child, source_options, traced_knobs, traced_source
+from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
 from dssup.memory.profile import EagerProfile
 from dssup.modelio import load_model
 
-__all__ = ["calibrate_cmd", "measure_cmd", "run_child"]
+__all__ = ["calibrate_cmd", "measure_cmd"]
 
 _PRECISION = {
     "fp32": Precision(weights=4, gradients=4, master=0, moments=4, activations=4),
     "bf16": Precision(weights=2, gradients=2, master=0, moments=2, activations=2),
     "amp": Precision(weights=4, gradients=4, master=0, moments=4, activations=2),
 }
+REFERENCE = "dssup.runtime.reference"
+TRACED = "dssup.runtime.traced"
 _NO_OVERHEADS = Overheads(comm_buffer_bytes=0, fragmentation=0.0, cuda_context_bytes=0)
-
-
-def run_child(command: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Run ``python -m dssup.runtime.reference <command>`` on ``spec``; its JSON answer."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "dssup.runtime.reference", command, "-"],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise DssupError(f"{command} failed (exit {proc.returncode}): {tail[0]}")
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
 
 
 def _spec(o: dict[str, Any]) -> dict[str, Any]:
@@ -92,9 +77,35 @@ def predict(spec: dict[str, Any], profile: EagerProfile) -> tuple[int, str]:
     return est.peak.bytes.allocated, est.peak_phase
 
 
+def traced_prediction(request: dict[str, Any], profile: EagerProfile) -> tuple[int, str]:
+    """The estimator's allocator peak and phase for a ``--hf`` step (no device overheads)."""
+    source, knobs = request["source"], request["knobs"]
+    if source["kind"] != "hf":
+        raise ConfigError(
+            "--calibration",
+            "predicting a --module step needs the model's sizes",
+            "use `dssup estimate --model CONFIG --calibration PROFILE`",
+        )
+    model = load_model(source["config"])
+    training = Training(
+        micro_batch=knobs["micro_batch"],
+        seq_len=knobs["seq_len"],
+        recompute="full" if knobs["checkpointing"] else "none",
+        precision=_PRECISION[knobs["dtype"]],
+        implementation=profile,
+    )
+    est = estimate(model, Layout(), training, _NO_OVERHEADS)
+    return est.peak.bytes.allocated, est.peak_phase
+
+
 def _common(fn: Any) -> Any:
     options = [
-        click.option("--model", "-m", required=True, help="Preset name or config.json path."),
+        click.option(
+            "--model",
+            "-m",
+            default=None,
+            help="Preset name or config.json path: dssup's reference blocks of that size.",
+        ),
         click.option("--layers", type=int, default=None, help="Override the layer count."),
         click.option("--seq-len", type=int, default=128, show_default=True, help="Tokens/seq."),
         click.option(
@@ -122,6 +133,7 @@ def _common(fn: Any) -> Any:
 
 @main.command("measure")
 @_common
+@source_options
 @click.option("--micro-batch", "-b", type=int, default=1, show_default=True)
 @click.option(
     "--recompute",
@@ -154,43 +166,73 @@ def _common(fn: Any) -> Any:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) -> None:
-    """Measure the allocator peak of reference training steps (needs torch).
+    """Measure the allocator peak of real training steps on CPU (needs torch).
 
     \b
-    Example:
+    Your own model code (one device, AdamW, cross-checked with torch.profiler):
+      dssup measure --hf ./tiny/config.json --seq-len 256 -b 4 --dtype bf16 --attn eager
+      dssup measure --hf ./tiny --recompute full -b 8      # transformers' checkpointing
+      dssup measure --module mymodels.block:factory --seq-len 512 -b 2
+    dssup's reference blocks sized from a preset or config:
       dssup measure --model llama-3-8b --layers 2 --seq-len 256 -b 2 --dtype amp
       dssup measure --model llama-3-8b --layers 2 --seq-len 256 --dp 4 --zero 2
 
     \b
-    --dp/--zero/--offload-optimizer measure rank 0 of a data-parallel job in one process (torch's
-    fake process group; an offloaded optimizer sits on the meta device, only the device peak is
-    reported).
+    --recompute full checkpoints every repeated block (transformers' own
+    activation_checkpointing_enable for --hf). --dp/--zero/--offload-optimizer (reference blocks
+    only) measure rank 0 of a data-parallel job in one process (torch's fake process group; an
+    offloaded optimizer sits on the meta device, only the device peak is reported).
     """
-    spec = _spec(o)
-    out = run_child(f"measure-{mode}", spec)
-    if calibration is not None:
-        profile = EagerProfile.model_validate_json(calibration.read_text())
-        pred, phase = predict(spec, profile)
-        out["predicted_bytes"], out["predicted_phase"] = pred, phase
-        out["error"] = (pred - out["peak_bytes"]) / out["peak_bytes"]
+    source = traced_source(o)
+    if source is not None:
+        request: dict[str, Any] = {"source": source, "knobs": traced_knobs(o)}
+        out = run_child(TRACED, f"measure-{mode}", request)
+        if calibration is not None:
+            _predict_into(out, traced_prediction(request, _profile(calibration)))
+    else:
+        spec = _spec(o)
+        out = run_child(REFERENCE, f"measure-{mode}", spec)
+        if calibration is not None:
+            _predict_into(out, predict(spec, _profile(calibration)))
     if as_json:
         click.echo(json.dumps(out, separators=(",", ":")))
         return
+    click.echo(render_measurement(out, mode))
+
+
+def _profile(path: Path) -> EagerProfile:
+    return EagerProfile.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def _predict_into(out: dict[str, Any], predicted: tuple[int, str]) -> None:
+    out["predicted_bytes"], out["predicted_phase"] = predicted
+    out["error"] = (out["predicted_bytes"] - out["peak_bytes"]) / out["peak_bytes"]
+
+
+def render_measurement(out: dict[str, Any], mode: str) -> str:
+    """The text report of one measurement (and its prediction)."""
     mib = 1 << 20
-    click.echo(
+    lines = [
         f"peak {out['peak_bytes'] / mib:.2f} MiB in {out['phase']} (step {out['step']}), "
         f"{mode}, {out['seconds']:.1f} s"
-    )
-    for key, value in out["breakdown"].items():
-        if key != "Total":
-            click.echo(f"  {key:<11} {value / mib:10.2f} MiB")
+    ]
+    if out.get("found"):
+        lines.append(f"  model: {out['found']}; {out['parameters']:,} parameters")
+    lines += [
+        f"  {key:<11} {value / mib:10.2f} MiB"
+        for key, value in out["breakdown"].items()
+        if key != "Total"
+    ]
     if out.get("profiler_peak_bytes") is not None:
-        click.echo(f"  torch.profiler agrees: {out['profiler_peak_bytes'] / mib:.2f} MiB")
+        lines.append(f"  torch.profiler agrees: {out['profiler_peak_bytes'] / mib:.2f} MiB")
+    for label, count, size in out.get("top_tensors", [])[:8]:
+        lines.append(f"  {size / mib:10.2f} MiB  {count:4d} x {label}")
     if "predicted_bytes" in out:
-        click.echo(
+        lines.append(
             f"predicted {out['predicted_bytes'] / mib:.2f} MiB ({out['predicted_phase']}), "
             f"error {out['error']:+.2%}"
         )
+    return "\n".join(lines)
 
 
 @main.command("calibrate")
@@ -211,7 +253,7 @@ def calibrate_cmd(out: Path, **o: Any) -> None:
     Example:
       dssup calibrate --model deepseek-v2-lite --seq-len 4096 --dtype bf16 --out v2lite.json
     """
-    profile = run_child("calibrate", _spec(o))
+    profile = run_child(REFERENCE, "calibrate", _spec(o))
     EagerProfile.model_validate(profile)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     click.echo(f"eager profile written to {out}")

@@ -20,35 +20,26 @@ import gc
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from dssup.errors import DssupError
 from dssup.runtime.reference.config import RunSpec
 from dssup.runtime.reference.crosscheck import live_bytes, profiler_peak
 from dssup.runtime.reference.model import ReferenceModel, build_model
 from dssup.runtime.reference.zero import ShardedAdamW, fake_world
+from dssup.runtime.tracker import (
+    DEVICE,
+    TOLERANCE_BYTES,
+    MeasurementMismatch,
+    Phase,
+    PhaseTracker,
+)
 
 __all__ = ["Measurement", "MeasurementMismatch", "measure"]
-
-Phase = Literal["forward", "backward", "optimizer"]
-
-
-# Scalars the autograd engine and optimizer create outside the dispatch mode (a few bytes each)
-# are seen by the profiler only; anything beyond this is a real disagreement.
-TOLERANCE_BYTES = 4096
-
-# The accelerator of a measured run; an offloaded optimizer lives on ``zero.HOST`` (meta).
-DEVICE = torch.device("cpu")
-
-
-class MeasurementMismatch(DssupError):
-    """MemTracker and torch.profiler disagree about a real run's peak: neither can be trusted."""
 
 
 class Measurement(BaseModel):
@@ -75,49 +66,6 @@ class Measurement(BaseModel):
     )
 
 
-class _PhaseTracker(MemTracker):  # type: ignore[no-untyped-call]
-    """MemTracker that remembers which phase and step were running when the device peak rose
-    (the host of an offloaded optimizer is tracked by MemTracker too, but not here)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.phase: Phase = "forward"
-        self.step = 0
-        self.peak_at: tuple[Phase, int] = ("forward", 0)
-        self.phase_peaks: dict[str, dict[str, int]] = {}
-        self.in_tail = False  # set when the first block's output gradient is complete
-        self.tail_peaks: dict[str, dict[str, int]] = {}
-
-    def watch_tail(self, first_block: nn.Module) -> None:
-        """Start the end-of-backward window when ``first_block``'s output gradient exists."""
-
-        def mark(_grad: torch.Tensor) -> None:
-            self.in_tail = self.phase == "backward"
-
-        def hook(_mod: nn.Module, _args: Any, out: Any) -> None:
-            if isinstance(out, torch.Tensor) and out.requires_grad and self.phase == "forward":
-                out.register_hook(mark)  # type: ignore[no-untyped-call]
-
-        first_block.register_forward_hook(hook)
-
-    def _update_peak_stats(self, peak_state: Any) -> None:
-        before = self._peak_mem.get(DEVICE, 0)
-        super()._update_peak_stats(peak_state)
-        if self._peak_mem.get(DEVICE, 0) != before:
-            self.peak_at = (self.phase, self.step)
-        snap = self._curr_mem_snap.get(DEVICE)
-        if snap is not None:
-            key = f"{self.step}:{self.phase}"
-            best = self.phase_peaks.get(key)
-            if best is None or snap["Total"] > best["Total"]:
-                self.phase_peaks[key] = {str(getattr(k, "value", k)): v for k, v in snap.items()}
-            tail = self.tail_peaks.get(str(self.step))
-            if self.in_tail and (tail is None or snap["Total"] > tail["Total"]):
-                self.tail_peaks[str(self.step)] = {
-                    str(getattr(k, "value", k)): v for k, v in snap.items()
-                }
-
-
 Optimizer = torch.optim.Optimizer | ShardedAdamW
 
 
@@ -137,7 +85,7 @@ def _steps(
     model: ReferenceModel,
     opt: Optimizer,
     tokens: torch.Tensor,
-    mt: _PhaseTracker,
+    mt: PhaseTracker,
 ) -> None:
     for i in range(1, run.steps + 1):
         mt.step = i
@@ -189,7 +137,7 @@ def measure(
             if mode == "real"
             else torch.randint(0, run.model.vocab, (run.micro_batch, run.seq_len))
         )
-        mt = _PhaseTracker()
+        mt = PhaseTracker()
         mt.watch_tail(model.layers[0])
         mt.track_external(model, _inner(opt), tokens)
         start = time.perf_counter()
