@@ -11,6 +11,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.options import (
     build_inputs,
+    host_inputs,
     layout_options,
     model_options,
     overhead_options,
@@ -59,7 +60,10 @@ def run_estimate(o: dict[str, Any]) -> Estimate:
     """Build inputs from parsed flags and estimate (shared with ``dssup demo``)."""
     dp, accum = _dp_and_accum(o)
     model, layout, training, overheads, gpu = build_inputs(o, dp, accum)
-    return estimate(model, layout, training, overheads, o["convention"], gpu)
+    host, per_node, source = host_inputs(o)
+    est = estimate(model, layout, training, overheads, o["convention"], gpu, host, per_node)
+    line = f"GPUs per node: {per_node} ({source})"
+    return est.model_copy(update={"assumptions": [*est.assumptions, line]})
 
 
 @main.command("estimate")
@@ -107,8 +111,13 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
           --global-batch-size 512 --recompute selective --json
       dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
           --global-batch-size 512 --zero 1
+      dssup estimate --model llama-3-70b --gpus 8 --zero 3 --offload both \\
+          --gpu-memory H100 --host-memory 2TiB
     Hub ids, presets and the model types read exactly: dssup models.
-    Exit status: 0 fits (or no --gpu-memory), 1 does not fit, 2 bad input.
+    With --host-memory (per node) the host is checked too: offloaded optimizer states and
+    parameters as DeepSpeed keeps them, times the GPUs per node (--gpus-per-node, default from
+    the GPU table), and the model build on the host when --host-load-dtype says so.
+    Exit status: 0 fits (or nothing to check), 1 does not fit the GPU or the host, 2 bad input.
     """
     est = run_estimate(o)
     if plot is not None:

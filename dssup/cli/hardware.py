@@ -1,4 +1,5 @@
-"""Flags that describe the machine a plan's step times are for, and the job's compute settings.
+"""Flags that describe the machine a plan's step times are for, and the job's compute settings
+(``--gpus-per-node`` and ``--host-memory`` are the model options', shared with estimate).
 
 Every figure defaults to the GPU table's entry for the GPU (its reference node: DGX H100, HGX
 H800, ...); each flag overrides one figure, and ``dssup plan`` prints every figure with where it
@@ -46,9 +47,6 @@ def hardware_options(fn: F) -> F:
             default=None,
             help="GPU whose reference node the step times are for (dssup gpus lists them). "
             "Default: the GPU --gpu-memory names.",
-        ),
-        click.option(
-            "--gpus-per-node", type=click.IntRange(min=1), default=None, help="GPUs per node."
         ),
         click.option(
             "--host-cores",

@@ -14,12 +14,13 @@ import click
 
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
-from dssup.memory.gpus import parse_size
+from dssup.memory.gpus import find_gpu, parse_size
 from dssup.memory.profile import EagerProfile
 from dssup.modelio import load_model
 
 __all__ = [
     "build_inputs",
+    "host_inputs",
     "layout_options",
     "model_options",
     "overhead_options",
@@ -71,6 +72,19 @@ def model_options(fn: F) -> F:
                 help="GPU capacity to check against: 80GiB, 80GB, or a GPU name (H100, "
                 "A100-40GB, NVIDIA-H100-80GB-HBM3) read as its driver reports it; `dssup gpus` "
                 "lists the names. A bare number is refused.",
+            ),
+            click.option(
+                "--host-memory",
+                default=None,
+                help="Host (CPU) memory per node to check against, e.g. 2TiB: offloaded states "
+                "and the model build must fit it too.",
+            ),
+            click.option(
+                "--gpus-per-node",
+                type=click.IntRange(min=1),
+                default=None,
+                help="GPUs sharing one host (default: the reference node of the --gpu-memory "
+                "GPU, e.g. 8 for H100; else 8).",
             ),
         ]
     )(fn)
@@ -212,6 +226,22 @@ def overhead_options(fn: F) -> F:
             click.option(
                 "--cuda-context", default=None, help="CUDA context per GPU (e.g. 0.75GiB)."
             ),
+            click.option(
+                "--host-overhead",
+                type=click.FloatRange(min=0.0),
+                default=None,
+                help="Host memory over the exact offloaded states, as a fraction (default 0.5, "
+                "DeepSpeed's estimator's 1.5 buffer factor).",
+            ),
+            click.option(
+                "--host-load-dtype",
+                type=click.Choice(["none", "bf16", "fp16", "fp32"]),
+                default="none",
+                show_default=True,
+                help="Dtype in which every process builds the whole model on the host before "
+                "partitioning (HF from_pretrained + DeepSpeed ZeRO 1/2: the checkpoint's dtype; "
+                "ZeRO 3 zero.Init: one layer). none: built on the GPU (Megatron).",
+            ),
         ]
     )(fn)
 
@@ -315,7 +345,32 @@ def build_overheads(o: dict[str, Any]) -> Overheads:
         cuda_context_bytes=parse_size(o["cuda_context"], "--cuda-context", gpu=False, zero=True)
         if o["cuda_context"]
         else None,
+        **_host_overheads(o),
     )
+
+
+def _host_overheads(o: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"host_load_bytes": _BYTES[o.get("host_load_dtype") or "none"]}
+    if o.get("host_overhead") is not None:
+        out["host_overhead"] = o["host_overhead"]
+    return out
+
+
+def host_inputs(o: dict[str, Any]) -> tuple[int | None, int, str]:
+    """(host memory per node or None, GPUs per node, where that count came from)."""
+    host = (
+        parse_size(o["host_memory"], "--host-memory", gpu=False) if o.get("host_memory") else None
+    )
+    if o.get("gpus_per_node"):
+        return host, o["gpus_per_node"], "--gpus-per-node"
+    spec = find_gpu(o["gpu_memory"], "--gpu-memory") if o.get("gpu_memory") else None
+    if spec is not None:
+        return (
+            host,
+            spec.system.gpus_per_node,
+            f"{spec.system.name}, the {spec.name} reference node",
+        )
+    return host, 8, "default; give --gpus-per-node or a GPU name in --gpu-memory"
 
 
 def build_inputs(

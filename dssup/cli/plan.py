@@ -15,6 +15,7 @@ from dssup.cli.options import (
     build_layout,
     build_overheads,
     build_training,
+    host_inputs,
     layout_options,
     model_options,
     overhead_options,
@@ -118,9 +119,11 @@ def plan_cmd(
     Step times are for the GPU's reference node (dssup gpus); every figure is printed.
 
     \b
-    Example:
+    Examples:
       dssup plan --model deepseek-v3 --gpus 2048 --global-batch-size 15360 \\
           --gpu-memory H800 --compute-dtype fp8 --search-parallelism --top 5 --explain 1
+      dssup plan --model llama-3-70b --gpus 64 --global-batch-size 512 --gpu-memory H100 \\
+          --host-memory 2TiB      # offload only where the node's host memory holds it
     Exit status: 0 something fits, 1 nothing fits, 2 bad input.
     """
     if o["nnodes"] is not None:
@@ -145,6 +148,7 @@ def plan_cmd(
             raise ConfigError("--offload", "conflicts with --no-offload", "pass only one of them")
     topo, warnings = build_topology(o)
     del o["nnodes"], o["nproc_per_node"]
+    host, per_node, source = host_inputs(o)
     req = PlanRequest(
         model=load_model(o["model"], o.get("approximate_as")),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
@@ -166,6 +170,8 @@ def plan_cmd(
         cost=build_cost(o),
         topology=topo,
         limit=max(top, explain or 0),
+        host_memory_bytes=host,
+        gpus_per_node=topo.gpus_per_node,
     )
     res = plan(req)
     res = res.model_copy(update={"warnings": warnings + res.warnings})
@@ -181,6 +187,7 @@ def plan_cmd(
         click.echo(render_plan(res, top, margin))
         if explain is not None:
             click.echo(render_explain(res, explain, req.cost))
+        click.echo(f"host per node: {per_node} GPUs per node ({source})")
     if not res.candidates:
         raise SystemExit(1)
 

@@ -78,11 +78,12 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
         f"({gib(peak.bytes.activations_per_micro_batch)} GiB activations per micro-batch)"
     )
     if est.gpu_memory_bytes is not None and est.headroom_bytes is not None:
-        verdict = "FITS" if est.fits else "DOES NOT FIT"
+        verdict = "FITS" if est.headroom_bytes >= 0 else "DOES NOT FIT"
         lines.append(
             f"GPU {gib(est.gpu_memory_bytes)} GiB: {verdict} "
             f"(headroom {gib(est.headroom_bytes)} GiB)"
         )
+    lines += _host_lines(est)
     if verbose:
         lines.append("activation terms of the peak stage (per micro-batch, GiB):")
         for name, nbytes in sorted(peak.activation_terms.items(), key=lambda kv: -kv[1]):
@@ -90,6 +91,26 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in est.assumptions]
     return "\n".join(lines)
+
+
+def _host_lines(est: Estimate) -> list[str]:
+    """Host memory per GPU and per node, and the host verdict when a limit was given."""
+    peak = max(est.stages, key=lambda s: max(s.host_bytes, s.host_init_bytes))
+    if est.host_bytes_per_node is None or not (peak.host_bytes or peak.host_init_bytes):
+        return []
+    per_gpu = f"{gib(peak.host_bytes)} GiB per GPU in training"
+    if peak.host_init_bytes:
+        per_gpu += f", {gib(peak.host_init_bytes)} GiB while the model is built"
+    line = (
+        f"host: {per_gpu}; {gib(est.host_bytes_per_node)} GiB per node of {est.gpus_per_node} GPUs"
+    )
+    if est.host_memory_bytes is not None and est.host_headroom_bytes is not None:
+        verdict = "FITS" if est.host_fits else "DOES NOT FIT"
+        line += (
+            f"; host {gib(est.host_memory_bytes)} GiB: {verdict} "
+            f"(headroom {gib(est.host_headroom_bytes)} GiB)"
+        )
+    return [line]
 
 
 def render_plan(res: PlanResult, top: int, margin: float = 0.05) -> str:
@@ -108,6 +129,7 @@ def render_plan(res: PlanResult, top: int, margin: float = 0.05) -> str:
         "peak GiB",
         "headroom",
         "step s",
+        "host/node",
         "phase",
     )
     rows: list[tuple[str, ...]] = []
@@ -130,6 +152,7 @@ def render_plan(res: PlanResult, top: int, margin: float = 0.05) -> str:
                 gib(c.peak_bytes),
                 gib(c.headroom_bytes),
                 f"{c.step_time_s:.3f}",
+                gib(c.host_bytes_per_node),
                 c.phase,
             )
         )
@@ -138,6 +161,11 @@ def render_plan(res: PlanResult, top: int, margin: float = 0.05) -> str:
         f"on {res.topology.gpu} (micro x accum x dp = global batch in every row)"
     ]
     lines += [f"warning: {w}" for w in res.warnings]
+    if res.host_limited:
+        lines.append(
+            f"{res.host_limited} configs fit the GPU but not the host memory (the least needs "
+            f"{gib(res.host_limited_bytes or 0)} GiB per node)"
+        )
     if rows:
         lines += _table(header, rows)
         lines.append("dssup plan --explain N shows row N's step time term by term")

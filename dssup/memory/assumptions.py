@@ -6,9 +6,10 @@ defaults and which simplifications produced the number before trusting it with a
 
 from __future__ import annotations
 
-from dssup.memory.config import Convention, Layout, Training
+from dssup.memory.config import Convention, Layout, Overheads, Training
 from dssup.memory.defaults import Resolved
 from dssup.memory.describe import architecture_lines
+from dssup.memory.offload import offload_assumptions
 from dssup.memory.spec import ModelSpec
 
 __all__ = ["assumptions"]
@@ -16,7 +17,9 @@ __all__ = ["assumptions"]
 _GIB = float(1 << 30)
 
 
-def _common(m: ModelSpec, layout: Layout, training: Training, r: Resolved) -> list[str]:
+def _common(
+    m: ModelSpec, layout: Layout, training: Training, r: Resolved, conv: Convention
+) -> list[str]:
     p = r.precision
     out = [
         f"bytes per parameter: weights {p.weights}, gradients {p.gradients}, optimizer "
@@ -38,13 +41,16 @@ def _common(m: ModelSpec, layout: Layout, training: Training, r: Resolved) -> li
             f"pipeline schedule {layout.schedule}: stage i holds min(PP - i, m) "
             "micro-batches of activations"
         )
-    if training.zero_stage == 3:
+    if training.zero_stage == 3 and conv == "paper":
         out.append(
             "ZeRO-3 working set: min(max_live_parameters, largest layer + prefetch "
             "bucket) gathered weights"
         )
-    if training.offload_optimizer:
-        out.append("optimizer offload: master weights and Adam moments in host memory")
+    elif training.zero_stage == 3:
+        out.append(
+            "ZeRO-3 working set: the largest layer gathered whole (with the prefetch bucket, "
+            "up to max_live_parameters) and its gradient before the reduce-scatter"
+        )
     return out
 
 
@@ -80,10 +86,17 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training) -> list[st
 
 
 def assumptions(
-    m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
+    m: ModelSpec,
+    layout: Layout,
+    training: Training,
+    conv: Convention,
+    r: Resolved,
+    ov: Overheads | None = None,
+    gpus_per_node: int | None = None,
 ) -> list[str]:
-    out = _conventional(m, conv, training) + _common(m, layout, training, r)
+    out = _conventional(m, conv, training) + _common(m, layout, training, r, conv)
     out += architecture_lines(m)
+    out += offload_assumptions(conv, training, ov or Overheads(), gpus_per_node)
     prof = training.implementation
     if prof is not None:
         out.insert(

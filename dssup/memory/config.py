@@ -174,3 +174,23 @@ class Overheads(BaseModel):
     calibration_bytes: int = Field(
         0, description="observed minus predicted peak after a real run (shifts every stage)"
     )
+    zero3_sub_group: int = Field(
+        1_000_000_000,
+        ge=1,
+        description="DeepSpeed sub_group_size (elements): ZeRO-3 steps the optimizer one "
+        "sub-group at a time, so its FP32 gradient copy is at most this many elements",
+    )
+    host_overhead: float = Field(
+        0.5,
+        ge=0.0,
+        description="host memory over the exact offloaded states, as a fraction (pinned "
+        "staging, allocator, the process); 0.5 = DeepSpeed's estimator additional_buffer_factor "
+        "1.5",
+    )
+    host_load_bytes: int = Field(
+        0,
+        ge=0,
+        description="bytes per parameter each process holds on the host while building the "
+        "model before partitioning (4 = FP32 as DeepSpeed's estimator assumes, 2 = BF16); "
+        "0 = not counted (the model is built on the GPU, e.g. Megatron)",
+    )

@@ -15,6 +15,7 @@ from functools import lru_cache
 from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_terms
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.defaults import Resolved
+from dssup.memory.offload import host_at_start, host_states, with_overhead
 from dssup.memory.params import Split
 from dssup.memory.profile import eager_constant, eager_tail, eager_terms
 from dssup.memory.spec import ModelSpec
@@ -30,6 +31,7 @@ __all__ = [
     "make_ctx",
     "prepare",
     "states",
+    "zero3_working_set",
 ]
 
 
@@ -138,8 +140,21 @@ class States:
     static: int  # weights + gradients + optimizer on the device
     working_set: int  # ZeRO-3 gathered parameters
     transient: int  # optimizer-step temporaries
-    host: int
+    host: int  # offloaded states on the host, per GPU (with the host overhead)
     tail: int | None = None  # eager end of backward over ``static``, less its per-sample bytes
+    host_init: int = 0  # host bytes per GPU while the model is built (with the host overhead)
+
+
+def zero3_working_set(st: PreparedStage, conv: Convention, r: Resolved, ov: Overheads) -> int:
+    """Bytes of ZeRO-3 gathered parameters alive at once. ``paper``: min(max_live, largest
+    layer + prefetch bucket). Frameworks: a layer larger than max_live is still gathered whole,
+    and its gradient (in the weights' dtype, before the reduce-scatter) is alive with it in
+    backward; that is DeepSpeed's estimator's 4 B per largest-layer parameter, plus prefetch."""
+    largest = st.params.largest_layer
+    live = min(ov.zero3_max_live_parameters, largest + ov.zero3_prefetch_bucket)
+    if conv == "paper":
+        return r.precision.weights * live
+    return r.precision.weights * (max(largest, live) + largest)
 
 
 def states(
@@ -147,6 +162,7 @@ def states(
 ) -> States:
     split = device_split(st, layout)
     dp_shard = layout.dp * (layout.cp if conv == "megatron" else 1)
+    frameworks = conv != "paper"
     ms = model_states(
         split.non_moe,
         split.moe,
@@ -156,21 +172,44 @@ def states(
         r.precision,
         t.offload_optimizer,
         t.offload_params,
+        frameworks,
     )
-    ws = 0
-    if t.zero_stage == 3:
-        live = min(ov.zero3_max_live_parameters, st.params.largest_layer + ov.zero3_prefetch_bucket)
-        ws = r.precision.weights * live
+    ws = zero3_working_set(st, conv, r, ov) if t.zero_stage == 3 else 0
+    host, host_init = ms.host, 0
+    if frameworks and (t.offload_optimizer or t.offload_params or ov.host_load_bytes):
+        exact = host_states(
+            ms.shard_params,
+            t.zero_stage,
+            r.precision,
+            t.offload_optimizer,
+            t.offload_params,
+            t.grad_accum,
+        )
+        load = host_at_start(split.total, st.params.largest_layer, t.zero_stage, ov.host_load_bytes)
+        host, host_init = (
+            with_overhead(exact, ov.host_overhead),
+            with_overhead(load, ov.host_overhead),
+        )
     if t.implementation is not None:
-        return _eager_states(st, t, ms, ws)
-    transient = r.optimizer_transient_per_param * ms.shard_params
-    host = ms.host + (transient if t.offload_optimizer else 0)
-    if t.offload_optimizer:
+        if t.offload_optimizer and not frameworks:  # paper: the update's temporaries move too
+            host += math.ceil(t.implementation.optimizer_transient_per_param * ms.shard_params)
+        return _eager_states(st, t, ms, ws, host, host_init)
+    stepped = ms.shard_params
+    if frameworks and t.zero_stage == 3:  # DeepSpeed steps one sub-group at a time
+        stepped = min(stepped, ov.zero3_sub_group)
+    transient = r.optimizer_transient_per_param * stepped
+    if t.offload_optimizer:  # the update runs on the host
+        if not frameworks:
+            host += transient
         transient = 0
-    return States(ms, ms.weights + ms.gradients + ms.optimizer, ws, transient, host)
+    return States(
+        ms, ms.weights + ms.gradients + ms.optimizer, ws, transient, host, None, host_init
+    )
 
 
-def _eager_states(st: PreparedStage, t: Training, ms: ModelStates, ws: int) -> States:
+def _eager_states(
+    st: PreparedStage, t: Training, ms: ModelStates, ws: int, host: int, host_init: int
+) -> States:
     """Eager PyTorch: gradients exist only from backward to the optimizer step (unless
     accumulating), so in forward/backward they are not part of ``static``; they and the
     optimizer temporaries make up the optimizer-step transient. Batch-independent saved bytes
@@ -183,13 +222,12 @@ def _eager_states(st: PreparedStage, t: Training, ms: ModelStates, ws: int) -> S
     zero3_ws = ws
     ws += eager_constant(p, sp.dense_layers, sp.moe_layers, edge, t.recompute)
     opt_tmp = math.ceil(p.optimizer_transient_per_param * ms.shard_params)
-    host = ms.host + (opt_tmp if t.offload_optimizer else 0)
     if t.offload_optimizer:
         opt_tmp = 0
     static = ms.weights + ms.optimizer + grads_fb
     found = eager_tail(p, t.recompute, t.seq_len, 1)
     tail = None if found is None else zero3_ws + ms.gradients - grads_fb + found[1]
-    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host, tail)
+    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host, tail, host_init)
 
 
 def end_of_backward(st: PreparedStage, s: States, t: Training, buffers: int) -> int | None:

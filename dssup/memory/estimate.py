@@ -11,6 +11,7 @@ the right remedy depends on it (a smaller micro-batch does not fix an optimizer-
 
 from __future__ import annotations
 
+from dssup.errors import ConfigError
 from dssup.memory.activations import keep
 from dssup.memory.assumptions import assumptions
 from dssup.memory.config import Convention, Layout, Overheads, Training
@@ -68,6 +69,7 @@ def _stage(
         params=ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe),
         bytes=sbytes,
         host_bytes=s.host,
+        host_init_bytes=s.host_init,
         activation_terms={x.name: x.bytes * b for x in st.terms if keep(x.group, t.recompute)},
         phase="forward-backward" if fb >= opt else "optimizer-step",
     )
@@ -80,15 +82,27 @@ def estimate(
     overheads: Overheads | None = None,
     convention: Convention = "megatron",
     gpu_memory_bytes: int | None = None,
+    host_memory_bytes: int | None = None,
+    gpus_per_node: int | None = None,
 ) -> Estimate:
-    """Per-GPU memory of every pipeline stage; the peak stage; whether it fits."""
+    """Per-GPU memory of every pipeline stage; the peak stage; whether it fits the GPU and, with
+    ``host_memory_bytes`` (per node, ``gpus_per_node`` GPUs sharing it), the host."""
     validate(model, layout, training)
+    _check_host(host_memory_bytes, gpus_per_node)
     ov = overheads or Overheads()
     r = resolve(convention, training, ov)
     prepared = prepare(model, layout, training, convention, r)
     stages = [_stage(st, layout, training, convention, r, ov) for st in prepared]
     peak = max(range(len(stages)), key=lambda i: stages[i].bytes.total)
     peak_bytes = stages[peak].bytes.total
+    per_node = None
+    if gpus_per_node is not None:
+        per_node = gpus_per_node * max(max(st.host_bytes, st.host_init_bytes) for st in stages)
+    gpu_fits = None if gpu_memory_bytes is None else peak_bytes <= gpu_memory_bytes
+    host_fits = None
+    if host_memory_bytes is not None and per_node is not None:
+        host_fits = per_node <= host_memory_bytes
+    checks = [c for c in (gpu_fits, host_fits) if c is not None]
     return Estimate(
         convention=convention,
         model=model.name,
@@ -98,7 +112,25 @@ def estimate(
         peak_bytes=peak_bytes,
         peak_phase=stages[peak].phase,
         gpu_memory_bytes=gpu_memory_bytes,
-        fits=None if gpu_memory_bytes is None else peak_bytes <= gpu_memory_bytes,
+        fits=all(checks) if checks else None,
         headroom_bytes=None if gpu_memory_bytes is None else gpu_memory_bytes - peak_bytes,
-        assumptions=assumptions(model, layout, training, convention, r),
+        assumptions=assumptions(model, layout, training, convention, r, ov, gpus_per_node),
+        gpus_per_node=gpus_per_node,
+        host_bytes_per_node=per_node,
+        host_memory_bytes=host_memory_bytes,
+        host_fits=host_fits,
+        host_headroom_bytes=_headroom(host_memory_bytes, per_node),
     )
+
+
+def _headroom(limit: int | None, need: int | None) -> int | None:
+    return None if limit is None or need is None else limit - need
+
+
+def _check_host(host_memory_bytes: int | None, gpus_per_node: int | None) -> None:
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise ConfigError("gpus_per_node", f"{gpus_per_node} GPUs per node", "give 1 or more")
+    if host_memory_bytes is not None and gpus_per_node is None:
+        raise ConfigError(
+            "gpus_per_node", "needed to check host memory per node", "give the GPUs per node"
+        )

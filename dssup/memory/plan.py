@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedStage, prepare, states
+from dssup.memory.core import PreparedStage, States, prepare, states
 from dssup.memory.cost import (
     CostCurve,
     CostModel,
@@ -30,6 +30,7 @@ from dssup.memory.cost import (
 )
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.layouts import dualpipe_micro_ok, search_layouts
+from dssup.memory.offload import host_states, with_overhead
 from dssup.memory.spec import ModelSpec
 from dssup.memory.steptime import fold_layout
 from dssup.memory.topology import Topology, default_topology
@@ -79,6 +80,10 @@ class PlanRequest(BaseModel):
         "from the GPU table, with a warning",
     )
     limit: int = Field(50, ge=1, description="most candidates returned")
+    host_memory_bytes: int | None = Field(
+        None, gt=0, description="host memory per node, bytes; None = not checked"
+    )
+    gpus_per_node: int = Field(8, ge=1, description="GPUs sharing one host (per node)")
 
 
 class Candidate(BaseModel):
@@ -99,6 +104,9 @@ class Candidate(BaseModel):
     traffic: dict[str, float] = Field(
         default_factory=dict, description="seconds of each communication per step before overlap"
     )
+    host_bytes_per_node: int = Field(
+        0, description="gpus_per_node x the largest per-GPU host need (offload, model build)"
+    )
 
 
 class PlanResult(BaseModel):
@@ -112,6 +120,10 @@ class PlanResult(BaseModel):
     )
     topology: Topology = Field(description="the hardware the step times were computed for")
     warnings: list[str] = Field(default_factory=list, description="inputs that were missing")
+    host_limited: int = Field(0, description="configs that fit the GPU but not the host memory")
+    host_limited_bytes: int | None = Field(
+        None, description="smallest host need per node among the host-limited configs"
+    )
 
 
 def _world(req: PlanRequest) -> int:
@@ -145,7 +157,7 @@ def _groups(stages: list[PreparedStage]) -> list[PreparedStage]:
 
 _OFFLOAD = {"none": (False, False), "optimizer": (True, False), "both": (True, True)}
 _Key = tuple[int, int, bool, bool, Recompute]
-_Hit = tuple[float, int, Layout, _Key, int, str, int, CostCurve]
+_Hit = tuple[float, int, Layout, _Key, int, str, int, CostCurve, int]
 
 
 class _Row(NamedTuple):
@@ -200,6 +212,11 @@ class _Search:
         self.evaluated = 0
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
+        self.host_budget = req.host_memory_bytes or (1 << 62)
+        self.host_limited = 0
+        self.host_limited_bytes: int | None = None
+        self.gpu_fits = 0
+        self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
     def _layout_cost(self, layout: Layout, groups: list[PreparedStage]) -> LayoutCost:
         """Step-time figures of ``layout`` (the same folding ``step_time`` uses)."""
@@ -276,12 +293,13 @@ class _Search:
                 # Probe the least memory-hungry config (most recompute, smallest micro-batch):
                 # every other one of this (ZeRO, offload) needs at least as much, so if it does
                 # not fit none does, and all are decided exactly without being swept.
-                before = len(self.fitting)
+                before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
                 self._sweep(layout, rows_st, lc, key, deepest, micro[:1], rows)
-                if len(self.fitting) == before:
+                if self.gpu_fits == gpu_fits:
                     self.evaluated += len(req.recompute) * len(micro) - 1
                     continue
                 del self.fitting[before:]  # the sweeps below evaluate it again
+                self.gpu_fits, self.host_limited = gpu_fits, limited
                 self.evaluated -= 1
                 for rc in req.recompute:
                     self._sweep(layout, rows_st, lc, key, rc, micro, rows)
@@ -311,6 +329,8 @@ class _Search:
         ]
         curve: CostCurve | None = None  # folded on the first config that fits
         fitting = self.fitting
+        host_1, host_m = self._host
+        host_budget = self.host_budget
         i = -1
         for i, b in enumerate(micro):
             m = rows // b
@@ -326,17 +346,24 @@ class _Search:
             total = best + math.ceil(best * frag) + extra
             phase = "forward-backward" if fb_best >= row.opt else "optimizer-step"
             key = (zero, b, off_opt, off_par, rc)
+            host = host_1 if m == 1 else host_m
             if total <= budget:
+                self.gpu_fits += 1
+                if host > host_budget:  # fits the GPU, not the host: does not fit
+                    self.host_limited += 1
+                    if self.host_limited_bytes is None or host < self.host_limited_bytes:
+                        self.host_limited_bytes = host
+                    continue
                 if curve is None:
                     curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
                 fitting.append(
-                    (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve)
+                    (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve, host)
                 )
                 continue
             if self.closest is None or total < self.closest[1]:
                 if curve is None:
                     curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
-                self.closest = (0.0, total, layout, key, row.stage, phase, m, curve)
+                self.closest = (0.0, total, layout, key, row.stage, phase, m, curve, host)
             # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
             # rows)), so every larger micro-batch is decided too: it does not fit either.
             self.evaluated += len(micro) - i - 1
@@ -344,12 +371,18 @@ class _Search:
         self.evaluated += min(len(micro), i + 1)
 
     def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
+        """The inner loop's rows; sets ``self._host`` (host bytes per node with one micro-batch
+        per step, and with accumulation) from the same states."""
         out = []
+        host_1 = host_m = 0
+        accum = knobs.offload_optimizer and knobs.zero_stage < 3 and self.req.convention != "paper"
         pp, sched = layout.pp, layout.schedule
         factor = 1.0 + (pp - 1) / (pp * layout.vpp) if sched == "interleaved" else 1.0
         fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
+            host_1 = max(host_1, s.host, s.host_init)
+            host_m = max(host_m, s.host_init, self._accumulating(s, knobs) if accum else s.host)
             out.append(
                 _Row(
                     g.index,
@@ -364,10 +397,18 @@ class _Search:
                     s.static + (s.tail or 0) + self.r.comm_buffer_bytes,
                 )
             )
+        n = self.req.gpus_per_node
+        self._host = (host_1 * n, host_m * n)
         return out
 
+    def _accumulating(self, s: States, knobs: Training) -> int:
+        """Host bytes per GPU of ``s`` when the step accumulates micro-batches (DeepSpeed keeps
+        a 16-bit gradient copy on the host between micro-steps), exactly as ``estimate``."""
+        exact = host_states(s.ms.shard_params, knobs.zero_stage, self.r.precision, True, False, 2)
+        return with_overhead(exact, self.ov.host_overhead)
+
     def candidate(self, hit: _Hit) -> Candidate:
-        _, total, layout, key, stage, phase, m, curve = hit
+        _, total, layout, key, stage, phase, m, curve, host = hit
         zero, b, off_opt, off_par, rc = key
         t = self.req.training.model_copy(
             update={
@@ -391,6 +432,7 @@ class _Search:
             step_time_s=cost["total"],
             cost_terms=cost,
             traffic=traffic(curve, b, m),
+            host_bytes_per_node=host,
         )
 
 
@@ -486,4 +528,6 @@ def plan(req: PlanRequest) -> PlanResult:
         closest_fits_gpu=closest is not None and closest.peak_bytes <= req.gpu_memory_bytes,
         topology=topo,
         warnings=warnings,
+        host_limited=search.host_limited,
+        host_limited_bytes=search.host_limited_bytes,
     )

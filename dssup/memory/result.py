@@ -60,7 +60,15 @@ class StageEstimate(BaseModel):
     layers: list[int] = Field(description="global indices of the layers on this stage")
     params: ParamCounts
     bytes: StageBytes
-    host_bytes: int = Field(description="host (CPU) memory per GPU: offloaded states")
+    host_bytes: int = Field(
+        description="host (CPU) memory per GPU in training: offloaded states (DeepSpeed's "
+        "buffers, see offload.py) with the host overhead"
+    )
+    host_init_bytes: int = Field(
+        0,
+        description="host memory per GPU while the model is built before partitioning "
+        "(Overheads.host_load_bytes; 0 when not counted)",
+    )
     phase: str = Field(description="phase holding this stage's peak")
     activation_terms: dict[str, int] = Field(
         default_factory=dict, description="per-micro-batch activation bytes by tensor family"
@@ -79,9 +87,20 @@ class Estimate(BaseModel):
     peak_bytes: int
     peak_phase: str = Field(description="forward-backward (activations) or optimizer-step")
     gpu_memory_bytes: int | None = None
-    fits: bool | None = None
-    headroom_bytes: int | None = None
+    fits: bool | None = Field(
+        None, description="the GPU check and, with host_memory_bytes, the host check both pass"
+    )
+    headroom_bytes: int | None = Field(None, description="GPU memory minus peak_bytes")
     assumptions: list[str]
+    gpus_per_node: int | None = Field(None, description="GPUs sharing one host (per node)")
+    host_bytes_per_node: int | None = Field(
+        None,
+        description="gpus_per_node x the largest per-GPU host need (training or model build) "
+        "of any stage; None without gpus_per_node",
+    )
+    host_memory_bytes: int | None = Field(None, description="host memory per node to check")
+    host_fits: bool | None = Field(None, description="host_bytes_per_node <= host_memory_bytes")
+    host_headroom_bytes: int | None = None
 
     @property
     def peak(self) -> StageEstimate:
