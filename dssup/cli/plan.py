@@ -149,6 +149,8 @@ def plan_cmd(
     topo, warnings = build_topology(o)
     del o["nnodes"], o["nproc_per_node"]
     host, per_node, source = host_inputs(o)
+    if o.get("gpu_name"):  # --gpu names the node: its figure and source, like the step times
+        per_node, source = topo.gpus_per_node, topo.sources["gpus_per_node"]
     req = PlanRequest(
         model=load_model(o["model"], o.get("approximate_as")),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
