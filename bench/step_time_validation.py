@@ -16,7 +16,8 @@ from pathlib import Path
 
 from dssup.memory.config import Overheads, Precision, Training
 from dssup.memory.core import prepare, states
-from dssup.memory.cost import CostModel, cost_curve, cost_terms
+from dssup.memory.cost import CostModel
+from dssup.memory.curve import cost_curve, cost_terms
 from dssup.memory.defaults import resolve
 from dssup.memory.recipes import (
     Recipe,

@@ -19,15 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.core import PreparedStage, States, prepare, states
-from dssup.memory.cost import (
-    CostCurve,
-    CostModel,
-    LayoutCost,
-    cost_at,
-    cost_curve,
-    cost_terms,
-    traffic,
-)
+from dssup.memory.cost import CostModel, LayoutCost
+from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.layouts import dualpipe_micro_ok, search_layouts
 from dssup.memory.offload import host_states, with_overhead

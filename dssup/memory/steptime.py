@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from dssup.memory.config import Convention, Layout, Overheads, Precision, Training
 from dssup.memory.core import PreparedStage, device_split, prepare, states
-from dssup.memory.cost import CostModel, LayoutCost, cost_curve, cost_terms, layout_cost
+from dssup.memory.cost import CostModel, LayoutCost, layout_cost
+from dssup.memory.curve import cost_curve, cost_terms
 from dssup.memory.defaults import resolve
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology, default_topology
