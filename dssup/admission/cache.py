@@ -59,7 +59,24 @@ def _name(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 def _digits(value: Any, default: int) -> int:
     text = str(value or "").strip()
-    return int(text) if text.isdigit() else default
+    return int(text) if text.isascii() and text.isdigit() else default
+
+
+def _match(labels: Mapping[str, str], key: str, op: str, values: tuple[str, ...]) -> bool:
+    """One node-selector requirement (the operators of core/v1 NodeSelectorRequirement)."""
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt") and values and key in labels:
+        a, b = labels[key], values[0]
+        if a.isascii() and a.isdigit() and b.isascii() and b.isdigit():
+            return int(a) > int(b) if op == "Gt" else int(a) < int(b)
+    return False
 
 
 class InMemoryCache:
@@ -67,6 +84,7 @@ class InMemoryCache:
 
     def __init__(self, *, synced: bool = True) -> None:
         self._nodes: dict[str, tuple[str, int, int]] = {}
+        self._node_labels: dict[str, Mapping[str, str]] = {}  # GPU nodes only
         self._gpu: dict[str, GpuNodeInfo] | None = None
         self._config_maps: dict[tuple[str, str], Mapping[str, str]] = {}
         self._runtimes: dict[tuple[str, str, str], Mapping[str, Any]] = {}
@@ -91,13 +109,15 @@ class InMemoryCache:
         if kind == "Node":
             labels = _labels(obj)
             product = str(labels.get(GPU_PRODUCT, ""))
-            before = self._nodes.get(name)
+            before = (self._nodes.get(name), self._node_labels.get(name))
             if product:
                 memory = _digits(labels.get(GPU_MEMORY), 0)
                 self._nodes[name] = (product, memory, max(1, _digits(labels.get(GPU_REPLICAS), 1)))
+                self._node_labels[name] = {str(k): str(v) for k, v in labels.items()}
             else:
                 self._nodes.pop(name, None)
-            if before != self._nodes.get(name):
+                self._node_labels.pop(name, None)
+            if before != (self._nodes.get(name), self._node_labels.get(name)):
                 self._gpu = None
                 self._generation += 1
         elif kind == "ConfigMap":
@@ -119,6 +139,7 @@ class InMemoryCache:
         gone: object = None
         if kind == "Node":
             gone = self._nodes.pop(name, None)
+            self._node_labels.pop(name, None)
             self._gpu = None
         elif kind == "ConfigMap":
             gone = self._config_maps.pop((namespace, name), None)
@@ -128,14 +149,20 @@ class InMemoryCache:
         if gone is not None:
             self._generation += 1
 
-    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
-        """The result of a fresh LIST: build the new state aside, then swap it in (readers on
-        the event loop never see a half-filled cache)."""
+    def replace_all(
+        self, kind: str, objects: list[Mapping[str, Any]], namespace: str | None = None
+    ) -> None:
+        """The result of a fresh LIST (of one ``namespace`` when given): build the new state
+        aside, then swap it in (readers on the event loop never see a half-filled cache)."""
         fresh = InMemoryCache()
         for obj in objects:
             fresh.upsert({**obj, "kind": kind})
         if kind == "Node":
             self._nodes, self._gpu = fresh._nodes, None
+            self._node_labels = fresh._node_labels
+        elif kind == "ConfigMap" and namespace is not None:
+            kept_cms = {k: v for k, v in self._config_maps.items() if k[0] != namespace}
+            self._config_maps = {**kept_cms, **fresh._config_maps}
         elif kind == "ConfigMap":
             self._config_maps = fresh._config_maps
         else:
@@ -176,6 +203,19 @@ class InMemoryCache:
 
     def config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
         return self._config_maps.get((namespace, name))
+
+    def gpu_products_matching(
+        self, terms: list[list[tuple[str, str, tuple[str, ...]]]]
+    ) -> list[str]:
+        """GFD products of the cached GPU Nodes that satisfy any alternative of ``terms``
+        ((key, operator, values) requirements, as ``gpuid.node_terms`` reads them)."""
+        found: list[str] = []
+        for name, labels in list(self._node_labels.items()):
+            if any(all(_match(labels, *req) for req in reqs) for reqs in terms):
+                product = self._nodes[name][0] if name in self._nodes else ""
+                if product and product not in found:
+                    found.append(product)
+        return found
 
     def training_runtime(self, namespace: str, kind: str, name: str) -> Mapping[str, Any] | None:
         return self._runtimes.get((namespace if kind == "TrainingRuntime" else "", kind, name))

@@ -83,6 +83,26 @@ class _Handler(BaseHTTPRequestHandler):
                     "items": [_node("h800-1", "NVIDIA-H800", 81559, "9")],
                 },
             )
+        if url.path.startswith("/api/v1/namespaces/") and not watching:
+            ns = url.path.split("/")[4]
+            return self._send(
+                200,
+                {
+                    "kind": "ConfigMapList",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": "30"},
+                    "items": [
+                        {
+                            "metadata": {
+                                "name": f"cm-{ns}",
+                                "namespace": ns,
+                                "resourceVersion": "29",
+                            },
+                            "data": {"ds.json": ns},
+                        }
+                    ],
+                },
+            )
         if url.path == "/api/v1/configmaps" and not watching:
             return self._send(
                 200,
@@ -157,6 +177,29 @@ def test_list_then_watch_feeds_the_cache(fake_apiserver):
             _Handler.seen
         )
         assert any("labelSelector=dssup.io/watch%3Dtrue" in p for p in _Handler.seen)
+    finally:
+        watcher.stop()
+
+
+def test_configmaps_are_watched_per_opted_in_namespace(fake_apiserver):
+    """Least privilege: with --configmap-namespaces the webhook lists and watches ConfigMaps
+    only there (a namespaced Role suffices), never across the cluster."""
+    cfg = client.Configuration(host=f"http://127.0.0.1:{fake_apiserver.server_address[1]}")
+    store = InMemoryCache(synced=False)
+    _Handler.seen.clear()
+    watcher = KubeWatchCache(
+        store, client.ApiClient(cfg), watch_timeout_s=1, config_map_namespaces=("team-a", "team-b")
+    )
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not store.synced():
+            time.sleep(0.05)
+        assert store.synced()
+        assert store.config_map("team-a", "cm-team-a") == {"ds.json": "team-a"}
+        assert store.config_map("team-b", "cm-team-b") == {"ds.json": "team-b"}
+        cm_paths = [p for p in _Handler.seen if "configmaps" in p]
+        assert cm_paths and all(p.startswith("/api/v1/namespaces/team-") for p in cm_paths)
     finally:
         watcher.stop()
 
