@@ -1,13 +1,14 @@
-"""Fit the step-time model's two GEMM efficiencies on the recipes marked ``fit``.
+"""Fit the step-time model's three fitted constants on the recipes marked ``fit``.
 
 Run: .venv/bin/python bench/fit_step_time.py
-Every other constant of ``CostModel`` has a source (docs/step-time.md). ``gemm_efficiency``
-(BF16) and ``fp8_gemm_efficiency`` have none that fits end-to-end training (a GEMM
-microbenchmark is not a training step), so they are fitted: each minimises the squared log error
-of predicted against published tokens/s/GPU over the fitting recipes of its precision
-(tests/fixtures/step_time/recipes.json, ``"fit": true``). The held-out recipes are never used;
-bench/step_time_validation.py reports both sets. The printed values, rounded to two digits,
-are CostModel's defaults.
+Every other constant of ``CostModel`` has a source (docs/step-time.md). Three have none that
+fits end-to-end training, so they are fitted, each on the recipes whose ``fit_for`` names it
+(tests/fixtures/step_time/recipes.json): ``fp8_gemm_efficiency`` on dense FP8 recipes,
+``gemm_efficiency`` on the BF16 one, ``moe_slot_seconds`` on fine-grained MoE recipes. Each
+minimises the squared log error of predicted against published tokens/s/GPU over its recipes,
+by golden-section search, in turns until none moves (they interact: an MoE recipe's GEMMs run at
+the GEMM efficiency). The held-out recipes are never used; bench/step_time_validation.py
+reports both sets. The printed values, rounded, are CostModel's defaults.
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ from dssup.memory.spec import ModelSpec
 from dssup.modelio import load_model
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/step_time/recipes.json"
-FIELD = {"bf16": "gemm_efficiency", "fp8": "fp8_gemm_efficiency"}
+RANGE = {
+    "fp8_gemm_efficiency": (0.1, 1.0),
+    "gemm_efficiency": (0.1, 1.0),
+    "moe_slot_seconds": (0.0, 1e-9),
+}
 
 
-def loss(field: str, value: float, rows: list[Recipe], models: dict[str, ModelSpec]) -> float:
-    cm = CostModel.model_validate({field: value})
+def loss(
+    base: CostModel, field: str, value: float, rows: list[Recipe], models: dict[str, ModelSpec]
+) -> float:
+    cm = base.model_copy(update={field: value})
     total = 0.0
     for r in rows:
         got = predict_published(r, models, cm)
@@ -34,31 +41,41 @@ def loss(field: str, value: float, rows: list[Recipe], models: dict[str, ModelSp
     return total
 
 
-def golden(field: str, rows: list[Recipe], models: dict[str, ModelSpec]) -> float:
-    """Golden-section search on [0.1, 1.0] (the loss is unimodal: one efficiency scales time)."""
-    lo, hi = 0.1, 1.0
+def golden(base: CostModel, field: str, rows: list[Recipe], models: dict[str, ModelSpec]) -> float:
+    """Golden-section search over the constant's range (the loss is unimodal in it)."""
+    lo, hi = RANGE[field]
     g = (math.sqrt(5) - 1) / 2
     a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = loss(field, a, rows, models), loss(field, b, rows, models)
-    while hi - lo > 1e-3:
+    fa, fb = loss(base, field, a, rows, models), loss(base, field, b, rows, models)
+    while hi - lo > 1e-3 * (RANGE[field][1] - RANGE[field][0]):
         if fa < fb:
             hi, b, fb = b, a, fa
             a = hi - g * (hi - lo)
-            fa = loss(field, a, rows, models)
+            fa = loss(base, field, a, rows, models)
         else:
             lo, a, fa = a, b, fb
             b = lo + g * (hi - lo)
-            fb = loss(field, b, rows, models)
+            fb = loss(base, field, b, rows, models)
     return (lo + hi) / 2
 
 
 def main() -> None:
     recipes, models = load_recipes(json.loads(FIXTURE.read_text()), load_model)
-    for dtype, field in FIELD.items():
-        rows = [r for r in recipes if r.fit and r.compute_dtype == dtype]
-        value = golden(field, rows, models)
-        names = ", ".join(r.name for r in rows)
-        print(f"{field} = {value:.3f} (rounded {round(value, 2)}), fitted on {names}")
+    cm = CostModel()
+    for turn in range(4):
+        moved = 0.0
+        for field in RANGE:
+            rows = [r for r in recipes if r.fit and r.fit_for == field]
+            value = golden(cm, field, rows, models)
+            old = getattr(cm, field)
+            moved = max(moved, abs(value - old) / max(abs(old), 1e-12))
+            cm = cm.model_copy(update={field: value})
+        print(f"turn {turn + 1}: " + ", ".join(f"{f} = {getattr(cm, f):.4g}" for f in RANGE))
+        if moved < 0.01:
+            break
+    for field in RANGE:
+        names = ", ".join(r.name for r in recipes if r.fit and r.fit_for == field)
+        print(f"{field} = {getattr(cm, field):.4g}, fitted on {names}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from dssup.memory.config import Overheads, Precision, Training
+from dssup.memory.config import Overheads
 from dssup.memory.core import prepare, states
 from dssup.memory.cost import CostModel
 from dssup.memory.curve import cost_curve, cost_terms
@@ -26,9 +26,10 @@ from dssup.memory.recipes import (
     load_recipes,
     recipe_model,
     recipe_topology,
+    recipe_training,
 )
 from dssup.memory.spec import ModelSpec
-from dssup.memory.steptime import fold_layout
+from dssup.memory.steptime import fold_layout, recompute_spec
 from dssup.modelio import load_model
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/step_time/recipes.json"
@@ -49,15 +50,27 @@ def step_time_alone(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> f
     lay = r.model_copy(update={"layers_per_stage": None}).layout()  # even split: see docstring
     mm = r.global_batch // (lay.dp * r.micro_batch)
     rc = r.recompute or "selective"
-    t = Training(
-        seq_len=r.seq_len, micro_batch=r.micro_batch, grad_accum=mm, zero_stage=r.zero,
-        recompute=rc, precision=Precision.named(r.precision),
-    )  # fmt: skip
+    t = recipe_training(r).model_copy(
+        update={
+            "micro_batch": r.micro_batch,
+            "grad_accum": mm,
+            "zero_stage": r.zero,
+            "recompute": rc,
+        }
+    )
     flat = lay.model_copy(update={"vpp": 1, "schedule": "1f1b"}) if lay.vpp > 1 else lay
     res = resolve("megatron", t, Overheads())
     stages = prepare(m, flat, t, "megatron", res)
-    c = cm.model_copy(update={"compute_dtype": r.compute_dtype, "ep_dispatch": r.ep_dispatch})
-    lc = fold_layout(c, topo, m, lay, r.seq_len, stages, res.precision)
+    c = cm.model_copy(
+        update={
+            "compute_dtype": r.compute_dtype,
+            "ep_dispatch": r.ep_dispatch,
+            "ep_overlap": r.ep_overlap,
+        }
+    )
+    lc = fold_layout(
+        c, topo, m, lay, r.seq_len, stages, res.precision, recompute=recompute_spec(res)
+    )
     shard = max(states(st, flat, t, "megatron", res, Overheads()).ms.shard_params for st in stages)
     curve = cost_curve(c, lc, rc, r.zero, False, False, shard, res.precision)
     step = cost_terms(curve, r.micro_batch, mm)["total"]

@@ -53,6 +53,13 @@ def _dp_and_accum(o: dict[str, Any]) -> tuple[int, int]:
                 f"drop --grad-accum or set it to {gbs // rows}",
             )
         accum = gbs // rows
+    if accum is None and o["pp"] > 1:
+        raise ConfigError(
+            "--global-batch-size",
+            f"with --pp {o['pp']} the micro-batches in flight depend on the accumulation, "
+            "which is not given",
+            "pass --global-batch-size (or --grad-accum)",
+        )
     return dp, accum or 1
 
 

@@ -18,6 +18,7 @@ _TERMS = {
     "compute.gemm": "GEMMs (forward + backward)",
     "compute.attention": "attention core (forward + backward)",
     "compute.memory_bound": "memory-bound kernels (norms, activations, permutes, loss)",
+    "compute.moe_routing": "MoE token handling beyond GEMMs and all-to-all (fitted)",
     "compute.recompute": "recompute (re-forward)",
     "compute.weight_reads": "weight reads per micro-batch (small-batch cost)",
     "comm.tp_ep_cp_pp": "TP/EP/CP/PP traffic left exposed",

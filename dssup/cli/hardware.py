@@ -66,6 +66,12 @@ def hardware_options(fn: F) -> F:
             help="GEMM precision of the job (fp8: TransformerEngine/DeepSeek FP8 GEMMs).",
         ),
         click.option(
+            "--ep-overlap",
+            is_flag=True,
+            help="The expert all-to-all runs behind another micro-batch's compute (Megatron "
+            "--overlap-moe-expert-parallel-comm); DualPipe always does.",
+        ),
+        click.option(
             "--ep-dispatch",
             type=click.Choice(["alltoall", "dedup"]),
             default="alltoall",
@@ -117,4 +123,8 @@ def build_topology(o: dict[str, Any]) -> tuple[Topology, list[str]]:
 
 
 def build_cost(o: dict[str, Any]) -> CostModel:
-    return CostModel(compute_dtype=o["compute_dtype"], ep_dispatch=o["ep_dispatch"])
+    return CostModel(
+        compute_dtype=o["compute_dtype"],
+        ep_dispatch=o["ep_dispatch"],
+        ep_overlap=bool(o.get("ep_overlap")),
+    )

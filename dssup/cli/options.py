@@ -128,7 +128,15 @@ def layout_options(fn: F) -> F:
             click.option(
                 "--layers-per-stage",
                 default=None,
-                help="Explicit split, e.g. 4,4,4,...,1 (one count per stage; default: even).",
+                help="Explicit split, e.g. 4,4,4,...,1 (one count per stage, pp*vpp with "
+                "interleaving; default: even).",
+            ),
+            click.option(
+                "--vpp-group",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Interleaved: micro-batches per virtual stage at a time (Megatron "
+                "--microbatch-group-size-per-virtual-pipeline-stage; default: pp).",
             ),
         ]
     )(fn)
@@ -160,12 +168,68 @@ def training_options(fn: F) -> F:
                 type=click.Choice(["none", "selective", "full"]),
                 default="none",
                 show_default=True,
-                help="Activation recomputation.",
+                help="Activation recomputation (transformers/deepspeed: full = "
+                "gradient_checkpointing_enable, one checkpoint per decoder layer).",
+            ),
+            click.option(
+                "--recompute-modules",
+                default=None,
+                help="Selective recompute: Megatron --recompute-modules, comma-separated from "
+                "core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts "
+                "(default core_attn, Megatron's).",
+            ),
+            click.option(
+                "--recompute-method",
+                type=click.Choice(["uniform", "block"]),
+                default=None,
+                help="Full recompute: checkpoint every unit of --recompute-num-layers layers "
+                "(uniform, default) or only the first that many layers of each stage (block).",
+            ),
+            click.option(
+                "--recompute-num-layers",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Full recompute: layers per unit (uniform) or per stage (block); default 1.",
             ),
             click.option(
                 "--flash-attn/--no-flash-attn",
                 default=None,
-                help="Fused attention (no s^2 scores). Default: on for megatron, off for paper.",
+                help="Fused attention (no s^2 scores) or the framework's unfused one. Default: "
+                "on for megatron, off for paper.",
+            ),
+            click.option(
+                "--attention",
+                type=click.Choice(["flash", "sdpa", "eager"]),
+                default=None,
+                help="Attention kernel: flash, sdpa (PyTorch; math path when q/k and v head "
+                "dims differ) or eager (stored probabilities). Default: by framework.",
+            ),
+            click.option(
+                "--framework",
+                type=click.Choice(["megatron", "deepseek", "deepspeed", "transformers"]),
+                default=None,
+                help="Training code whose kernels decide what is stored: loss, norms, SwiGLU, "
+                "MTP, Adam (megatron convention; default megatron).",
+            ),
+            click.option(
+                "--loss",
+                type=click.Choice(["fused", "unfused"]),
+                default=None,
+                help="Cross-entropy: fused vocab-parallel, or unfused (FP32 log-softmax and "
+                "two FP32 gradients at the start of backward). Default: by framework.",
+            ),
+            click.option(
+                "--mtp/--no-mtp",
+                default=None,
+                help="Build the model's multi-token-prediction modules (default: megatron yes, "
+                "transformers and deepspeed no).",
+            ),
+            click.option(
+                "--optimizer",
+                type=click.Choice(["fused", "foreach", "forloop"]),
+                default=None,
+                help="Adam implementation: fused (no step temporaries), foreach (one "
+                "moment-sized temporary), forloop. Default: by framework.",
             ),
             click.option(
                 "--zero",
@@ -183,9 +247,10 @@ def training_options(fn: F) -> F:
             ),
             click.option(
                 "--precision",
-                type=click.Choice(["bf16", "fp16", "bf16-lowmom", "fp32"]),
+                type=click.Choice(["bf16", "fp16", "bf16-lowmom", "fp8", "fp32"]),
                 default=None,
-                help="Bytes per state (default: convention's; paper = bf16-lowmom).",
+                help="Bytes per state (default: convention's; paper = bf16-lowmom). fp8: bf16 "
+                "with linear-layer inputs cached in FP8 (TransformerEngine, DeepSeek-V3).",
             ),
             click.option(
                 "--calibration",
@@ -198,7 +263,9 @@ def training_options(fn: F) -> F:
                 "--dtypes",
                 default=None,
                 help="Per-state dtypes on top of --precision, e.g. "
-                "weights=bf16,grads=fp32,master=fp32,moments=bf16 (master may be none).",
+                "weights=bf16,grads=fp32,master=fp32,moments=bf16 (master may be none); "
+                "activations=fp32|bf16|fp16 is the compute dtype, activations=fp8 caches "
+                "linear-layer inputs in FP8.",
             ),
             click.option(
                 "--moe-imbalance",
@@ -275,7 +342,7 @@ def _precision(name: str | None, dtypes: str | None) -> Precision | None:
     if not dtypes:
         return Precision.named(name) if name else None
     base = Precision.named(name or "bf16")
-    update: dict[str, int] = {}
+    update: dict[str, int | bool] = {}
     for item in dtypes.split(","):
         key, _, dtype = item.partition("=")
         key, dtype = key.strip(), dtype.strip().lower()
@@ -286,8 +353,24 @@ def _precision(name: str | None, dtypes: str | None) -> Precision | None:
                 f"use key=dtype with keys {', '.join(sorted(_KEYS))} and dtypes "
                 f"{', '.join(_BYTES)} (none only for master)",
             )
+        if key == "activations":
+            update["cache_fp8"] = dtype == "fp8"
+            update["activations"] = 2 if dtype == "fp8" else _BYTES[dtype]
+            continue
+        if dtype == "fp8":
+            raise ConfigError(
+                "--dtypes",
+                f"{key}=fp8 is not modelled (FP8 weights, gradients or optimizer states)",
+                "use fp8 only for activations",
+            )
         update[_KEYS[key]] = _BYTES[dtype]
-    return base.model_copy(update=update)
+    return Precision.model_validate({**base.model_dump(), **update})
+
+
+def _modules(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def _profile(path: Path | None) -> EagerProfile | None:
@@ -317,6 +400,7 @@ def build_layout(o: dict[str, Any], dp: int) -> Layout:
         cp=o["cp"],
         schedule=schedule,
         layers_per_stage=_split(o["layers_per_stage"]),
+        vpp_group=o.get("vpp_group"),
     )
 
 
@@ -333,6 +417,14 @@ def build_training(o: dict[str, Any], grad_accum: int) -> Training:
         precision=_precision(o.get("precision"), o.get("dtypes")),
         implementation=_profile(o.get("calibration")),
         moe_imbalance=o["moe_imbalance"],
+        framework=o.get("framework"),
+        loss=o.get("loss"),
+        mtp=o.get("mtp"),
+        attention=o.get("attention"),
+        optimizer=o.get("optimizer"),
+        recompute_modules=_modules(o.get("recompute_modules")),
+        recompute_method=o.get("recompute_method"),
+        recompute_num_layers=o.get("recompute_num_layers"),
     )
 
 

@@ -31,22 +31,39 @@ _COLS = (
 )
 
 
+def _span(layers: list[int]) -> str:
+    return f"{layers[0]}-{layers[-1]}" if layers else "-"
+
+
+def _multi(est: Estimate) -> bool:
+    """Some device holds more than one stage (DualPipe, interleaved): show which."""
+    return any(len(st.held) > 1 for st in est.stages)
+
+
 def _stage_rows(est: Estimate) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
+    multi, extra = _multi(est), est.convention != "paper"
     for st in est.stages:
         b = st.bytes
-        layers = f"{st.layers[0]}-{st.layers[-1]}" if st.layers else "-"
+        layers = _span(st.layers)
         mark = "*" if st.stage == est.peak_stage else ""
+        in_flight = f"{b.in_flight_micro_batches}"
+        head: tuple[str, ...] = (f"{st.stage}{mark}", layers)
+        if multi:
+            layers = ",".join(_span(h.layers) for h in st.held)
+            in_flight = "+".join(str(h.in_flight_micro_batches) for h in st.held)
+            head = (f"{st.stage}{mark}", "+".join(str(h.stage) for h in st.held), layers)
+        work = (gib(b.backward_working_set + b.activation_constant),) if extra else ()
         rows.append(
             (
-                f"{st.stage}{mark}",
-                layers,
+                *head,
                 f"{st.params.total / 1e9:.2f}",
                 gib(b.weights),
                 gib(b.gradients),
                 gib(b.optimizer),
                 gib(b.activations),
-                f"{b.in_flight_micro_batches}",
+                in_flight,
+                *work,
                 gib(b.zero3_working_set),
                 gib(b.buffers),
                 gib(b.fragmentation),
@@ -56,6 +73,15 @@ def _stage_rows(est: Estimate) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _columns(est: Estimate) -> tuple[str, ...]:
+    cols: tuple[str, ...] = _COLS
+    if est.convention != "paper":  # the backward working set (and autocast's copies)
+        cols = (*cols[:8], "bwd", *cols[8:])
+    if _multi(est):
+        cols = ("device", "stages", *cols[1:])
+    return cols
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -71,7 +97,7 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
     lines = [
         f"{est.model}: per-GPU memory, {est.world_size} GPUs, convention {est.convention} (GiB)"
     ]
-    lines += _table(_COLS, _stage_rows(est))
+    lines += _table(_columns(est), _stage_rows(est))
     peak = est.peak
     lines.append(
         f"peak: stage {est.peak_stage} {gib(est.peak_bytes)} GiB in the {est.peak_phase} phase "

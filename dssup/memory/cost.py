@@ -33,13 +33,21 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dssup.memory.comm import Links, dp_bytes, links, seq_comm
+from dssup.memory.comm import Links, SeqComm, dp_bytes, links, seq_comm
 from dssup.memory.config import RECOMPUTE_LEVELS, Layout, Precision, Recompute
-from dssup.memory.flops import device_work
+from dssup.memory.flops import DeviceWork, device_work
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology
 
-__all__ = ["CostModel", "LayoutCost", "RcPart", "bubble", "layout_cost"]
+__all__ = [
+    "DEFAULT_RECOMPUTE",
+    "CostModel",
+    "LayoutCost",
+    "RcPart",
+    "RecomputeSpec",
+    "bubble",
+    "layout_cost",
+]
 
 
 class CostModel(BaseModel):
@@ -52,14 +60,14 @@ class CostModel(BaseModel):
         "attention core stays BF16)",
     )
     gemm_efficiency: float = Field(
-        0.58,
+        0.68,
         gt=0,
         le=1,
         description="fraction of the dense BF16 peak that training GEMMs reach (FITTED: "
         "bench/fit_step_time.py on the recipes marked fit; others held out)",
     )
     fp8_gemm_efficiency: float = Field(
-        0.5,
+        0.48,
         gt=0,
         le=1,
         description="fraction of the dense FP8 peak that FP8 GEMMs reach, "
@@ -96,7 +104,12 @@ class CostModel(BaseModel):
         "behind it (DeepSeek-V3 report sec. 3.2.2: 20 of 132 SMs run communication)",
     )
     tp_overlap: float = Field(0.5, ge=0, le=1, description="TP traffic hidden behind GEMMs")
-    ep_overlap: float = Field(0.0, ge=0, le=1, description="EP all-to-all hidden (1F1B)")
+    ep_overlap: bool = Field(
+        False,
+        description="the expert all-to-all of one micro-batch runs behind another's compute "
+        "(Megatron --overlap-moe-expert-parallel-comm / moe_a2a_overlap, DeepEP/HybridEP "
+        "overlap; always under DualPipe): hidden up to the compute, the rest exposed",
+    )
     cp_overlap: float = Field(0.8, ge=0, le=1, description="CP ring traffic hidden")
     pp_overlap: float = Field(0.5, ge=0, le=1, description="PP sends hidden")
     dp_overlap: float = Field(
@@ -111,6 +124,14 @@ class CostModel(BaseModel):
         description="alltoall: one copy per (token, expert); dedup: one copy per "
         "(token, node) across nodes (DeepEP, HybridEP)",
     )
+    moe_slot_seconds: float = Field(
+        8.4e-11,
+        ge=0,
+        description="seconds per routed (token, expert) slot and hidden element, forward and "
+        "backward, that fine-grained MoE layers cost beyond their GEMMs and all-to-all "
+        "(permutation, routing, narrow grouped GEMMs; FITTED: bench/fit_step_time.py on the "
+        "MoE recipes marked fit)",
+    )
     cpu_adam_params_per_core: float = Field(
         12e6,
         gt=0,
@@ -119,14 +140,26 @@ class CostModel(BaseModel):
     )
 
 
+class RecomputeSpec(NamedTuple):
+    """What the recompute levels re-run: Megatron's selective modules, and for full recompute
+    the method (uniform: every layer; block: the first ``num_layers`` of each stage)."""
+
+    modules: frozenset[str]
+    method: str
+    num_layers: int
+
+
+DEFAULT_RECOMPUTE = RecomputeSpec(frozenset({"core_attn"}), "uniform", 1)
+
+
 class RcPart(NamedTuple):
     """What one recompute level costs per sequence on the slowest device (seconds)."""
 
     seq: float  # compute: GEMMs, attention core, memory-bound kernels, recompute
     exposed: float  # exposed TP/EP/CP/PP traffic plus the SM cost of the hidden part
-    dual: float  # DualPipe: EP + PP traffic, hidden behind compute up to its length
+    dual: float  # EP (+ PP under DualPipe) traffic hidden behind compute up to its length
     fwd_share: float  # forward part of the compute (what parameter gathers can hide behind)
-    parts: tuple[float, float, float, float]  # GEMM, attention, memory-bound, recompute extra
+    parts: tuple[float, float, float, float, float]  # GEMM, attention, memory-bound, MoE, rc
     traffic: tuple[float, float, float, float]  # raw TP, EP, CP, PP seconds
 
 
@@ -156,10 +189,13 @@ def layout_cost(
     expert_params: int,
     precision: Precision,
     imbalance: float = 1.0,
+    recompute: RecomputeSpec = DEFAULT_RECOMPUTE,
 ) -> LayoutCost:
     """Fold everything that depends only on the layout (``act_bytes_per_seq``: the stored
-    activations of the largest device at b = 1, from the memory model). The slowest device is
-    the one with the most compute (its communication is the same or less elsewhere)."""
+    activations of the largest device at b = 1, from the memory model). The slowest device sets
+    the pace: the one with the most compute, MoE token handling and layer traffic (an even
+    split that leaves the last stage one layer and the head can make the head's stage lighter
+    than the others)."""
     works = device_work(m, layout, seq, imbalance)
     lk = links(topo, layout, cm.nvlink_efficiency, cm.nic_efficiency)
     fp8 = cm.compute_dtype == "fp8" and topo.fp8_flops is not None
@@ -167,33 +203,44 @@ def layout_cost(
     if fp8 and topo.fp8_flops is not None:
         gemm_rate = topo.fp8_flops * cm.fp8_gemm_efficiency
     core_rate = topo.bf16_flops * cm.attention_efficiency
-    w = max(works, key=lambda x: x.gemm / gemm_rate + x.core / core_rate)
     dedup = _dedup(m, lk) if cm.ep_dispatch == "dedup" else 1.0
     act = precision.activations if precision.activations < 4 else 2
-    comm = seq_comm(m, layout, w, seq, lk, act, 1 if fp8 else act, dedup)
+    slot_s = m.hidden * cm.moe_slot_seconds
+    rates = (gemm_rate, core_rate, slot_s)
+    w, comm = _slowest(m, layout, works, seq, lk, (act, 1 if fp8 else act, dedup), rates)
     elem = cm.elementwise_passes * act_bytes_per_seq / topo.hbm_bytes_per_s
+    moe = w.slots * slot_s
     dual = layout.schedule == "dualpipe" and layout.pp > 1
     sm = cm.comm_sm_fraction
-    hide = (cm.tp_overlap, cm.ep_overlap, cm.cp_overlap, cm.pp_overlap)
+    hide = (cm.tp_overlap, 0.0, cm.cp_overlap, cm.pp_overlap)
+    modules, method, n_layers = recompute
+    chunks = layout.vpp if layout.schedule == "interleaved" else 1
+    per_chunk = w.layers / chunks if w.layers else 1.0
+    full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
     g_none, c_none = w.fwd_bwd("none")
     g0, c0 = g_none / gemm_rate, c_none / core_rate
     rc_parts: dict[Recompute, RcPart] = {}
     for rc in RECOMPUTE_LEVELS:
-        g, c = w.fwd_bwd(rc)
+        g, c = w.fwd_bwd(rc, modules, full)
         gemm, core = g / gemm_rate, c / core_rate
         traffic = (comm.tp[rc], comm.ep[rc], comm.cp[rc], comm.pp)
         shown = [(t, h) for t, h in zip(traffic, hide, strict=True)]
-        if dual:  # EP and PP ride DualPipe's overlapped chunks instead
+        overlapped = 0.0  # traffic that rides another micro-batch's compute
+        if dual:  # DualPipe: EP and PP ride its overlapped forward/backward chunks
             shown[1], shown[3] = (0.0, 0.0), (0.0, 0.0)
+            overlapped = traffic[1] + traffic[3]
+        elif cm.ep_overlap:  # the all-to-all of one micro-batch behind another's compute
+            shown[1] = (0.0, 0.0)
+            overlapped = traffic[1]
         exposed = sum(t * (1 - h) + sm * t * h for t, h in shown)
-        total = gemm + core + elem
+        total = gemm + core + elem + moe
         extra = max(0.0, gemm + core - g0 - c0)
         rc_parts[rc] = RcPart(
             seq=total,
             exposed=exposed,
-            dual=traffic[1] + traffic[3] if dual else 0.0,
+            dual=overlapped,
             fwd_share=(g0 + c0) / 3 / total if total else 0.0,
-            parts=(g0, c0, elem, extra),
+            parts=(g0, c0, elem, moe, extra),
             traffic=traffic,
         )
     gb, wb = precision.gradients, precision.weights
@@ -216,6 +263,33 @@ def layout_cost(
         cores_per_gpu=topo.cores_per_gpu,
         lk=lk,
     )
+
+
+def _slowest(
+    m: ModelSpec,
+    layout: Layout,
+    works: tuple[DeviceWork, ...],
+    seq: int,
+    lk: Links,
+    sizes: tuple[int, int, float],
+    rates: tuple[float, float, float],
+) -> tuple[DeviceWork, SeqComm]:
+    """The device that sets the pace, by compute, MoE token handling and layer traffic, and
+    its traffic (devices of the same make-up share the traffic computation)."""
+    gemm_rate, core_rate, slot_s = rates
+    seen: dict[tuple[float, float, float], SeqComm] = {}
+    best: tuple[float, DeviceWork, SeqComm] | None = None
+    for x in works:
+        key = (x.layers, x.moe_layers, x.slots)
+        c = seen.get(key)
+        if c is None:
+            c = seen[key] = seq_comm(m, layout, x, seq, lk, *sizes)
+        pace = x.gemm / gemm_rate + x.core / core_rate + x.slots * slot_s
+        pace += c.tp["none"] + c.ep["none"]
+        if best is None or pace > best[0]:
+            best = (pace, x, c)
+    assert best is not None  # a layout has at least one device
+    return best[1], best[2]
 
 
 def _dedup(m: ModelSpec, lk: Links) -> float:

@@ -22,7 +22,7 @@ class CostCurve(NamedTuple):
 
     seq: float  # compute per sequence
     exposed: float  # exposed TP/EP/CP/PP seconds per sequence, with the SM cost of the hidden
-    dual: float  # DualPipe: EP + PP seconds per sequence hidden behind compute when possible
+    dual: float  # EP (+ PP under DualPipe) seconds per sequence hidden behind compute when possible
     weight_reads: float
     per_mb: float  # ZeRO-3 gathers + parameter offload per micro-batch (behind its compute)
     grads_mb: float  # ZeRO-2/3 gradient reduce-scatter per micro-batch (behind its backward)
@@ -33,7 +33,8 @@ class CostCurve(NamedTuple):
     fwd_share: float  # forward part of a micro-batch's compute
     overlap: float
     sm: float
-    parts: tuple[float, float, float, float]  # per sequence: GEMM, attention, memory-bound, rc
+    parts: tuple[float, float, float, float, float]  # per sequence: GEMM, attention,
+    # memory-bound, MoE token handling, recompute
     traffic: tuple[float, float, float, float]  # per sequence: raw TP, EP, CP, PP seconds
 
 
@@ -96,7 +97,7 @@ def cost_at(c: CostCurve, b: int, m: int) -> float:
     still costs ``sm`` of its time (the SMs it occupies)."""
     comp = b * c.seq + c.weight_reads
     x = b * c.exposed
-    if c.dual:  # DualPipe keeps its communication SMs for the whole overlapped chunk
+    if c.dual:  # the overlap keeps its communication SMs for the whole overlapped chunk
         d = b * c.dual
         x += d - comp + c.sm * comp if d > comp else c.sm * comp
     step = (m + c.bubble) * (comp + x) + c.optimizer
@@ -142,11 +143,12 @@ def _hide(amount: float, window: float, sm: float) -> tuple[float, float]:
 def cost_terms(c: CostCurve, b: int, m: int) -> dict[str, float]:
     """The same step time as ``cost_at``, by term (seconds per step); ``total`` is their sum."""
     comp = b * c.seq + c.weight_reads
-    gemm, core, elem, extra = (b * v for v in c.parts)
+    gemm, core, elem, moe, extra = (b * v for v in c.parts)
     out = {
         "compute.gemm": m * gemm,
         "compute.attention": m * core,
         "compute.memory_bound": m * elem,
+        "compute.moe_routing": m * moe,
         "compute.recompute": m * extra,
         "compute.weight_reads": m * c.weight_reads,
     }

@@ -1,77 +1,106 @@
-"""Assemble the per-stage, per-term device memory of a training config (spec section 8).
+"""Assemble the per-device, per-term memory of a training config (spec section 8).
 
-    forward/backward peak = W + G + O + in_flight * activations + ZeRO-3 working set + buffers
+    forward/backward peak = W + G + O + in-flight activations + backward working set
+                            + ZeRO-3 working set + buffers
                             (eager profile: or its end-of-backward term, if higher)
     optimizer-step peak   = W + G + O + optimizer transients (no activations)
     device total          = max(both) * (1 + fragmentation) + CUDA context + calibration
 
-Every stage is estimated; the worst one is the peak. The phase of the peak is reported because
-the right remedy depends on it (a smaller micro-batch does not fix an optimizer-step peak).
+A row is a device (pipeline rank) with the stages it holds (``stages.placement``); its in-flight
+activations are those of each held stage at the device's peak (``schedule.py``). Every device
+is estimated; the worst one is the peak. The phase of the peak is reported because the right
+remedy depends on it (a smaller micro-batch does not fix an optimizer-step peak).
 """
 
 from __future__ import annotations
 
 from dssup.errors import ConfigError
-from dssup.memory.activations import keep
 from dssup.memory.assumptions import assumptions
 from dssup.memory.config import Convention, Layout, Overheads, Training
 from dssup.memory.core import (
-    PreparedStage,
-    activations,
-    device_split,
-    end_of_backward,
+    PreparedDevice,
+    constant,
+    device_in_flight,
     finish,
-    in_flight,
     prepare,
     states,
+    tails,
 )
 from dssup.memory.defaults import Resolved, resolve
-from dssup.memory.result import Estimate, ParamCounts, StageBytes, StageEstimate
+from dssup.memory.result import Estimate, HeldStage, ParamCounts, StageBytes, StageEstimate
 from dssup.memory.spec import ModelSpec
 from dssup.memory.validate import validate
 
 __all__ = ["estimate"]
 
 
-def _stage(
-    st: PreparedStage, layout: Layout, t: Training, conv: Convention, r: Resolved, ov: Overheads
+def _held(dev: PreparedDevice, counts: tuple[int, ...], t: Training) -> list[HeldStage]:
+    out = []
+    for st, n in zip(dev.stages, counts, strict=True):
+        split = st.params.split
+        out.append(
+            HeldStage(
+                stage=st.index,
+                layers=list(st.layers),
+                params=ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe),
+                embedding=st.params.first,
+                head=st.params.last,
+                activations_per_micro_batch=st.acts[t.recompute] * t.micro_batch,
+                in_flight_micro_batches=n,
+            )
+        )
+    return out
+
+
+def _terms(dev: PreparedDevice, t: Training) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for st in dev.stages:
+        for x in st.terms[t.recompute]:
+            out[x.name] = out.get(x.name, 0) + x.bytes * t.micro_batch
+    return out
+
+
+def _device(
+    dev: PreparedDevice, layout: Layout, t: Training, conv: Convention, r: Resolved, ov: Overheads
 ) -> StageEstimate:
-    s = states(st, layout, t, conv, r, ov)
-    count, factor = in_flight(layout, st.index, t.grad_accum)
-    per_mb, acts = activations(st.acts[t.recompute], t.micro_batch, count, factor)
-    fb = s.static + acts + s.working_set + r.comm_buffer_bytes
-    tail = end_of_backward(st, s, t, r.comm_buffer_bytes)
-    if tail is not None:  # eager: the end of backward can top the start (optimizer offloaded)
-        fb = max(fb, tail)
+    s = states(dev, layout, t, conv, r, ov)
+    b, rc = t.micro_batch, t.recompute
+    per_sample, counts = device_in_flight(dev, layout, rc, t.grad_accum)
+    acts, work = per_sample * b, dev.work(rc) * b
+    const = constant(dev, rc)
+    fb = s.static + acts + work + s.working_set + const + r.comm_buffer_bytes
+    for const, per in tails(dev, s, t, r, rc):  # later moments of the backward
+        fb = max(fb, const + per * b)
     opt = s.static + s.transient
     frag, total = finish(max(fb, opt), r, ov)
-    b = t.micro_batch
     sbytes = StageBytes(
         weights=s.ms.weights,
         gradients=s.ms.gradients,
         optimizer=s.ms.optimizer,
         activations=acts,
-        activations_per_micro_batch=per_mb,
-        in_flight_micro_batches=count,
-        in_flight_factor=factor,
+        activations_per_micro_batch=sum(st.acts[rc] for st in dev.stages) * b,
+        in_flight_micro_batches=sum(counts),
+        in_flight_factor=1.0,
         zero3_working_set=s.working_set,
         buffers=r.comm_buffer_bytes,
+        backward_working_set=work,
+        activation_constant=const,
         optimizer_transient=s.transient,
         calibration=ov.calibration_bytes,
         fragmentation=frag,
         cuda_context=r.cuda_context_bytes,
         total=total,
     )
-    split = device_split(st, layout)
     return StageEstimate(
-        stage=st.index,
-        layers=list(st.layers),
-        params=ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe),
+        stage=dev.index,
+        layers=dev.layers,
+        params=ParamCounts(total=dev.split.total, moe=dev.split.moe, non_moe=dev.split.non_moe),
         bytes=sbytes,
         host_bytes=s.host,
         host_init_bytes=s.host_init,
-        activation_terms={x.name: x.bytes * b for x in st.terms if keep(x.group, t.recompute)},
+        activation_terms=_terms(dev, t),
         phase="forward-backward" if fb >= opt else "optimizer-step",
+        held=_held(dev, counts, t),
     )
 
 
@@ -85,19 +114,19 @@ def estimate(
     host_memory_bytes: int | None = None,
     gpus_per_node: int | None = None,
 ) -> Estimate:
-    """Per-GPU memory of every pipeline stage; the peak stage; whether it fits the GPU and, with
+    """Per-GPU memory of every pipeline rank; the peak rank; whether it fits the GPU and, with
     ``host_memory_bytes`` (per node, ``gpus_per_node`` GPUs sharing it), the host."""
-    validate(model, layout, training)
-    _check_host(host_memory_bytes, gpus_per_node)
     ov = overheads or Overheads()
     r = resolve(convention, training, ov)
-    prepared = prepare(model, layout, training, convention, r)
-    stages = [_stage(st, layout, training, convention, r, ov) for st in prepared]
-    peak = max(range(len(stages)), key=lambda i: stages[i].bytes.total)
-    peak_bytes = stages[peak].bytes.total
+    validate(model, layout, training, r)
+    _check_host(host_memory_bytes, gpus_per_node)
+    devices = prepare(model, layout, training, convention, r)
+    rows = [_device(d, layout, training, convention, r, ov) for d in devices]
+    peak = max(range(len(rows)), key=lambda i: rows[i].bytes.total)
+    peak_bytes = rows[peak].bytes.total
     per_node = None
     if gpus_per_node is not None:
-        per_node = gpus_per_node * max(max(st.host_bytes, st.host_init_bytes) for st in stages)
+        per_node = gpus_per_node * max(max(st.host_bytes, st.host_init_bytes) for st in rows)
     gpu_fits = None if gpu_memory_bytes is None else peak_bytes <= gpu_memory_bytes
     host_fits = None
     if host_memory_bytes is not None and per_node is not None:
@@ -107,14 +136,16 @@ def estimate(
         convention=convention,
         model=model.name,
         world_size=layout.world_size,
-        stages=stages,
+        stages=rows,
         peak_stage=peak,
         peak_bytes=peak_bytes,
-        peak_phase=stages[peak].phase,
+        peak_phase=rows[peak].phase,
         gpu_memory_bytes=gpu_memory_bytes,
         fits=all(checks) if checks else None,
         headroom_bytes=None if gpu_memory_bytes is None else gpu_memory_bytes - peak_bytes,
         assumptions=assumptions(model, layout, training, convention, r, ov, gpus_per_node),
+        schedule=layout.schedule,
+        framework=None if convention == "paper" else r.framework,
         gpus_per_node=gpus_per_node,
         host_bytes_per_node=per_node,
         host_memory_bytes=host_memory_bytes,

@@ -38,9 +38,10 @@ class LayerWork:
     """Forward FLOPs per token of one layer on one GPU, by what recompute can repeat."""
 
     attn_gemm: float  # projections (q/kv up and down, output)
-    up_proj: float  # the part of attn_gemm that selective recompute repeats
+    up_proj: float  # the part of attn_gemm Megatron's mla_up_proj recompute repeats
     core: float  # attention scores and value product
-    ffn_gemm: float  # dense MLP or routed + shared experts + router
+    ffn_gemm: float  # dense MLP, or routed experts + router
+    shared_gemm: float  # shared experts (MoE layers)
     routed_slots: float  # routed (token, expert) pairs per token on this GPU (a2a payload)
 
 
@@ -77,11 +78,11 @@ def layer_work(
         e = m.moe
         routed = imbalance * e.top_k * 2 * mats * h * e.expert_ffn / shard
         shared = e.n_shared * 2 * mats * h * e.shared_ffn / tp
-        ffn, slots = routed + shared + 2 * h * e.n_routed / shard, imbalance * e.top_k / shard
+        ffn, slots = routed + 2 * h * e.n_routed / shard, imbalance * e.top_k / shard
     else:
-        ffn, slots = 2 * mats * h * m.ffn / tp, 0.0
+        ffn, shared, slots = 2 * mats * h * m.ffn / tp, 0.0, 0.0
     del cp  # tokens per sequence are divided by CP by the caller (per-sequence totals)
-    return LayerWork(attn, up, core, ffn, slots)
+    return LayerWork(attn, up, core, ffn, shared, slots)
 
 
 def _keys(m: ModelSpec, seq: int) -> float:
@@ -97,33 +98,53 @@ def _keys(m: ModelSpec, seq: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class DeviceWork:
-    """Per sequence (b = 1) on one pipeline device: forward FLOPs and what recompute adds."""
+    """Per sequence (b = 1) on one pipeline device: forward FLOPs, split by what recompute can
+    repeat (Megatron's recompute modules, or whole layers)."""
 
-    gemm: float  # forward GEMM FLOPs
+    gemm: float  # forward GEMM FLOPs (layers, head, MTP)
     core: float  # forward attention-core FLOPs
-    recompute_gemm: dict[Recompute, float]  # extra forward GEMM FLOPs by recompute level
-    recompute_core: dict[Recompute, float]
+    layer_gemm: float  # the transformer layers' GEMMs: what full recompute repeats
+    up: float  # MLA / q up-projections (mla_up_proj)
+    mlp: float  # dense MLPs (mlp)
+    moe: float  # routed experts and routers (moe)
+    shared: float  # shared experts (shared_experts)
     layers: float  # transformer layers per micro-batch pass (averaged over DualPipe's two)
     moe_layers: float
     slots: float  # routed token-slots per sequence over all MoE layers (a2a payload, tokens)
 
-    def fwd_bwd(self, rc: Recompute) -> tuple[float, float]:
+    def recompute(
+        self, rc: Recompute, modules: frozenset[str], full: float = 1.0
+    ) -> tuple[float, float]:
+        """(GEMM, attention-core) forward FLOPs recompute repeats: ``full`` is the share of the
+        layers full recompute re-runs (Megatron's block method); selective re-runs ``modules``
+        (norms and activations are memory-bound, not GEMMs)."""
+        if rc == "full":
+            return full * self.layer_gemm, full * self.core
+        if rc == "none":
+            return 0.0, 0.0
+        gemm = 0.0
+        for name, value in (
+            ("mla_up_proj", self.up),
+            ("mlp", self.mlp),
+            ("moe", self.moe),
+            ("shared_experts", self.shared),
+        ):
+            if name in modules:
+                gemm += value
+        return gemm, self.core if "core_attn" in modules else 0.0
+
+    def fwd_bwd(
+        self, rc: Recompute, modules: frozenset[str] = frozenset({"core_attn"}), full: float = 1.0
+    ) -> tuple[float, float]:
         """(GEMM, attention-core) FLOPs per sequence for forward, backward and recompute."""
-        g = self.gemm * (1 + BACKWARD_GEMM) + self.recompute_gemm[rc]
-        c = self.core * (1 + BACKWARD_CORE) + self.recompute_core[rc]
-        return g, c
+        g, c = self.recompute(rc, modules, full)
+        return self.gemm * (1 + BACKWARD_GEMM) + g, self.core * (1 + BACKWARD_CORE) + c
 
 
 def _stage_layers(m: ModelSpec, layout: Layout) -> list[tuple[range, bool, bool]]:
-    """(layers, first, last) of every pipeline stage in schedule order (VPP chunks included)."""
-    chunks = layout.pp * (layout.vpp if layout.schedule == "interleaved" else 1)
-    if chunks == layout.pp:
-        parts = partition(m.layers, layout)
-    else:
-        per, rem = divmod(m.layers, chunks)
-        counts = [per + (1 if i < rem else 0) for i in range(chunks)]
-        starts = [sum(counts[:i]) for i in range(chunks)]
-        parts = [range(starts[i], starts[i] + counts[i]) for i in range(chunks)]
+    """(layers, first, last) of every (virtual) stage in model order: the memory model's own
+    partition (PP x VPP stages when interleaved, an explicit split when given)."""
+    parts = partition(m.layers, layout)
     return [(r, i == 0, i == len(parts) - 1) for i, r in enumerate(parts)]
 
 
@@ -208,22 +229,29 @@ def _stage(
     blocks = [(dense, float(n_dense)), (moe, float(n_moe))]
     if last and m.mtp_depth:  # each MTP module: a [2h -> h] projection and one more layer
         blocks.append((moe if m.moe is not None else dense, float(m.mtp_depth)))
-    layer_gemm = sum(n * (w.attn_gemm + w.ffn_gemm) for w, n in blocks)
-    core = sum(n * w.core for w, n in blocks)
-    up = sum(n * w.up_proj for w, n in blocks)
-    slots = sum(n * w.routed_slots for w, n in blocks)
+
+    def total(field: str, kind: LayerWork | None = None) -> float:
+        return tokens * sum(
+            n * float(getattr(w, field)) for w, n in blocks if kind is None or w is kind
+        )
+
+    layer_gemm = total("attn_gemm") + total("ffn_gemm") + total("shared_gemm")
     gemm = layer_gemm
     if last:  # the head, once for the model and once per MTP module, and MTP projections
-        gemm += head_flops(m, layout) * (1 + m.mtp_depth)
-        gemm += m.mtp_depth * 4 * m.hidden * m.hidden / layout.tp
+        gemm += tokens * head_flops(m, layout) * (1 + m.mtp_depth)
+        gemm += tokens * m.mtp_depth * 4 * m.hidden * m.hidden / layout.tp
+    mlp = total("ffn_gemm", dense) if dense is not moe else 0.0
     return DeviceWork(
-        gemm=gemm * tokens,
-        core=core * tokens,
-        recompute_gemm={"none": 0.0, "selective": up * tokens, "full": layer_gemm * tokens},
-        recompute_core={"none": 0.0, "selective": core * tokens, "full": core * tokens},
+        gemm=gemm,
+        core=total("core"),
+        layer_gemm=layer_gemm,
+        up=total("up_proj"),
+        mlp=mlp,
+        moe=total("ffn_gemm", moe) if m.moe is not None else 0.0,
+        shared=total("shared_gemm"),
         layers=sum(n for _, n in blocks),
         moe_layers=sum(n for w, n in blocks if w is moe),
-        slots=slots * tokens,
+        slots=total("routed_slots"),
     )
 
 
@@ -233,13 +261,7 @@ def head_flops(m: ModelSpec, layout: Layout) -> float:
 
 
 def _merge(parts: list[DeviceWork], scale: float) -> DeviceWork:
-    keys: tuple[Recompute, ...] = ("none", "selective", "full")
-    return DeviceWork(
-        gemm=scale * sum(p.gemm for p in parts),
-        core=scale * sum(p.core for p in parts),
-        recompute_gemm={k: scale * sum(p.recompute_gemm[k] for p in parts) for k in keys},
-        recompute_core={k: scale * sum(p.recompute_core[k] for p in parts) for k in keys},
-        layers=scale * sum(p.layers for p in parts),
-        moe_layers=scale * sum(p.moe_layers for p in parts),
-        slots=scale * sum(p.slots for p in parts),
-    )
+    def add(field: str) -> float:
+        return scale * sum(float(getattr(p, field)) for p in parts)
+
+    return DeviceWork(*(add(f) for f in DeviceWork.__dataclass_fields__))

@@ -12,8 +12,8 @@ train MoE models with (DeepSeek-V3: PP16 DualPipe). What is searched:
   (``validate.py`` requires PP x VPP to divide the layers); DualPipe on MoE models with an even
   PP (DeepSeek's ``dualpipe.py`` asserts an even rank count).
 
-CP, ETP, sequence parallelism and an explicit ``layers_per_stage`` are kept as given, and so is
-every field named in ``fixed`` (``tp``, ``pp``, ``ep``, ``schedule``, ``vpp``): an option the user
+CP, ETP and sequence parallelism are kept as given; an explicit ``layers_per_stage`` stays with
+its own PP, schedule and VPP (other choices split evenly); and every field named in ``fixed`` is (``tp``, ``pp``, ``ep``, ``schedule``, ``vpp``): an option the user
 states pins the search instead of being silently replaced.
 """
 
@@ -25,7 +25,7 @@ from dssup.memory.config import Layout
 from dssup.memory.spec import ModelSpec
 from dssup.memory.validate import divisors
 
-__all__ = ["FIXABLE", "dualpipe_micro_ok", "search_layouts", "vpp_choices"]
+__all__ = ["FIXABLE", "search_layouts", "vpp_choices"]
 
 
 def vpp_choices(layers: int, pp: int, limit: int) -> list[int]:
@@ -58,37 +58,35 @@ def search_layouts(
             if pp not in pps:
                 continue
             dp = world // (tp * pp * base.cp)
-            keep_split = base.layers_per_stage if pp == base.pp else None
             for ep in eps:
                 if (tp * base.cp * dp) % (ep * base.etp):
                     continue
-                common = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "layers_per_stage": keep_split}
-                for schedule, vpp in _schedules(m, base, pp, keep_split, max_vpp, fixed):
-                    yield base.model_copy(update={**common, "schedule": schedule, "vpp": vpp})
+                common = {"tp": tp, "pp": pp, "dp": dp, "ep": ep}
+                for schedule, vpp in _schedules(m, base, pp, max_vpp, fixed):
+                    own = (pp, schedule, vpp) == (base.pp, base.schedule, base.vpp)
+                    split = base.layers_per_stage if own else None
+                    yield base.model_copy(
+                        update={
+                            **common,
+                            "schedule": schedule,
+                            "vpp": vpp,
+                            "layers_per_stage": split,
+                        }
+                    )
 
 
 def _schedules(
-    m: ModelSpec,
-    base: Layout,
-    pp: int,
-    split: tuple[int, ...] | None,
-    max_vpp: int,
-    fixed: tuple[str, ...],
+    m: ModelSpec, base: Layout, pp: int, max_vpp: int, fixed: tuple[str, ...]
 ) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = [("1f1b", 1)]
-    if split is None:
-        out += [("interleaved", v) for v in vpp_choices(m.layers, pp, max_vpp)]
+    out += [("interleaved", v) for v in vpp_choices(m.layers, pp, max_vpp)]
     if m.moe is not None and pp % 2 == 0:
         out.append(("dualpipe", 1))
+    own = (base.schedule, base.vpp)
+    if pp == base.pp and base.layers_per_stage is not None and own not in out:
+        out.append(own)  # the given split makes its own (uneven) interleaving possible
     if "schedule" in fixed:
         out = [(s, v) for s, v in out if s == base.schedule]
     if "vpp" in fixed:
         out = [(s, v) for s, v in out if v == base.vpp]
     return out
-
-
-def dualpipe_micro_ok(pp: int, micro_batches: int) -> bool:
-    """DualPipe runs an even number of micro-batches, at least two per rank
-    (deepseek-ai/DualPipe ``dualpipe.py`` at bb214e8: ``num_chunks % 2 == 0 and
-    num_chunks >= num_ranks * 2``)."""
-    return micro_batches % 2 == 0 and micro_batches >= 2 * pp

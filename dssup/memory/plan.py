@@ -10,6 +10,7 @@ using exactly the arithmetic of ``estimate`` (so a planned config re-estimates t
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Literal, NamedTuple
@@ -18,14 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
-from dssup.memory.core import PreparedStage, States, prepare, states
+from dssup.memory.core import PreparedDevice, States, device_in_flight, prepare, states, tails
 from dssup.memory.cost import CostModel, LayoutCost
 from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
-from dssup.memory.layouts import dualpipe_micro_ok, search_layouts
+from dssup.memory.layouts import search_layouts
 from dssup.memory.offload import host_states, with_overhead
+from dssup.memory.schedule import check_micro_batches
 from dssup.memory.spec import ModelSpec
-from dssup.memory.steptime import fold_layout
+from dssup.memory.steptime import fold_layout, recompute_spec
 from dssup.memory.topology import Topology, default_topology
 from dssup.memory.validate import divisors, validate
 
@@ -138,14 +140,49 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
     yield from search_layouts(m, base, world, req.max_tp, req.max_vpp, req.fixed)
 
 
-def _groups(stages: list[PreparedStage]) -> list[PreparedStage]:
-    """One stage per kind: stages with equal parameters and activations peak at the lowest
-    index (it holds the most in-flight micro-batches), so only that one can be the peak."""
-    seen: dict[tuple[object, ...], PreparedStage] = {}
-    for st in stages:
-        key = (st.params.split, tuple(sorted(st.acts.items())), st.params.largest_layer)
-        seen.setdefault(key, st)
+def _groups(devices: list[PreparedDevice], layout: Layout) -> list[PreparedDevice]:
+    """One device per kind. 1F1B: devices with equal parameters and activations peak at the
+    lowest index (it holds the most in-flight micro-batches); DualPipe: devices with equal
+    parameters, in-flight bytes (stage j keeps PP - j micro-batches, so two middle stages of
+    the same size add up alike on every rank), working sets and edge stages are one kind;
+    interleaved: every rank differs."""
+    if layout.schedule == "interleaved" and layout.pp > 1:
+        return devices
+    seen: dict[tuple[object, ...], PreparedDevice] = {}
+    for dev in devices:
+        if layout.schedule == "dualpipe":
+            key: tuple[object, ...] = _dual_kind(dev, layout)
+        else:
+            st = dev.stages[0]
+            key = (dev.split, tuple(sorted(st.acts.items())), dev.largest_layer)
+            key += (tuple(sorted(st.work.items())), st.params.embedding * st.params.first)
+        seen.setdefault(key, dev)
     return list(seen.values())
+
+
+def _dual_kind(dev: PreparedDevice, layout: Layout) -> tuple[object, ...]:
+    """What a DualPipe device's rows read: parameters, in-flight bytes per recompute level,
+    working sets, constants and which edge stages it holds (eager moments: every rank)."""
+    if any(st.moments for st in dev.stages):
+        return (dev.index,)
+    acts = tuple(device_in_flight(dev, layout, rc, 2 * layout.pp)[0] for rc in RECOMPUTE_LEVELS)
+    edges = tuple(sorted((st.params.first, st.params.last) for st in dev.stages))
+    return (
+        dev.split,
+        dev.largest_layer,
+        acts,
+        tuple(sorted(dev.works.items())),
+        tuple(sorted(dev.consts.items())),
+        edges,
+    )
+
+
+def _valid_accumulation(layout: Layout, m: int) -> bool:
+    try:
+        check_micro_batches(layout, m)
+    except ConfigError:
+        return False
+    return True
 
 
 _OFFLOAD = {"none": (False, False), "optimizer": (True, False), "both": (True, True)}
@@ -154,23 +191,30 @@ _Hit = tuple[float, int, Layout, _Key, int, str, int, CostCurve, int]
 
 
 class _Row(NamedTuple):
-    """One stage kind under one (ZeRO, offload) choice: what the inner loop reads."""
+    """One device kind under one (ZeRO, offload) choice: what the inner loop reads."""
 
     stage: int
     depth: int  # pp - index: 1F1B in-flight bound
     fixed: int  # in-flight count independent of m (pp == 1, DualPipe); 0 = use depth/m
-    factor: float
-    acts: dict[Recompute, int]
+    acts: dict[Recompute, int]  # per-sample bytes of one in-flight unit (DualPipe: all of them)
+    work: dict[Recompute, int]  # per-sample backward working set, once per device
+    const: dict[Recompute, int]  # batch-independent saved bytes (autocast copies)
+    table: dict[Recompute, dict[int, int]] | None  # interleaved: m -> in-flight per-sample bytes
     base_fb: int
     opt: int
     shard: int
-    tail: dict[Recompute, int] | None  # eager end of backward: per-sample bytes by level
-    tail_base: int  # eager end of backward: batch-independent bytes (with static, buffers)
+    # later backward moments (eager end of backward, freed gradients): per level, pairs of
+    # (batch-independent bytes with static and buffers, per-sample bytes)
+    tails: dict[Recompute, tuple[tuple[int, int], ...]]
 
 
-def _tail(row: _Row, rc: Recompute) -> tuple[int, int]:
-    """(per-sample, batch-independent) end-of-backward bytes of ``row``; (0, -1) without."""
-    return (row.tail[rc], row.tail_base) if row.tail is not None else (0, -1)
+_NO_TAILS: dict[Recompute, tuple[tuple[int, int], ...]] = dict.fromkeys(RECOMPUTE_LEVELS, ())
+
+
+def _monotone(table: dict[int, int], micro: list[int], rows: int) -> bool:
+    """Whether b * in-flight bytes never falls as b grows (so a miss decides larger b too)."""
+    seq = [table[rows // b] * b for b in micro]
+    return all(x <= y for x, y in itertools.pairwise(seq))
 
 
 class _Lazy:
@@ -178,7 +222,7 @@ class _Lazy:
 
     __slots__ = ("curves", "groups", "value")
 
-    def __init__(self, groups: list[PreparedStage]) -> None:
+    def __init__(self, groups: list[PreparedDevice]) -> None:
         self.groups = groups
         self.value: LayoutCost | None = None
         self.curves: dict[tuple[Recompute, int, bool, bool, int], CostCurve] = {}
@@ -199,8 +243,11 @@ class _Search:
         if not allow_offload:
             kinds = tuple(k for k in kinds if k == "none")
         self.offloads = [_OFFLOAD[k] for k in kinds]
-        self._knob_cache: dict[tuple[int, bool, bool], Training] = {}
+        self._knob_cache: dict[tuple[int, bool, bool, int | None], Training] = {}
         self.layouts = 0  # layouts whose configs were evaluated
+        # in-flight bytes per device of the current layout (they do not depend on ZeRO/offload)
+        self._dual: dict[int, dict[Recompute, int]] = {}
+        self._tables: dict[tuple[int, int, int], dict[Recompute, dict[int, int]]] = {}
         self.skipped: list[Layout] = []  # layouts no micro-batch choice could run
         self.evaluated = 0
         self.fitting: list[_Hit] = []
@@ -211,27 +258,37 @@ class _Search:
         self.gpu_fits = 0
         self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
-    def _layout_cost(self, layout: Layout, groups: list[PreparedStage]) -> LayoutCost:
+    def _layout_cost(self, layout: Layout, groups: list[PreparedDevice]) -> LayoutCost:
         """Step-time figures of ``layout`` (the same folding ``step_time`` uses)."""
         req = self.req
         seq = req.training.seq_len
         imb = req.training.moe_imbalance
         return fold_layout(
-            req.cost, self.topo, req.model, layout, seq, groups, self.r.precision, imb
+            req.cost,
+            self.topo,
+            req.model,
+            layout,
+            seq,
+            groups,
+            self.r.precision,
+            imb,
+            recompute_spec(self.r),
         )
 
-    def _knobs(self, zero: int, off_opt: bool, off_par: bool) -> Training:
-        """The base training with one (ZeRO, offload) choice (made once per plan)."""
-        key = (zero, off_opt, off_par)
+    def _knobs(self, zero: int, off_opt: bool, off_par: bool, accum: int | None) -> Training:
+        """The base training with one (ZeRO, offload) choice and, where the framework needs
+        it, the accumulation regime (made once per plan)."""
+        key = (zero, off_opt, off_par, accum)
         knobs = self._knob_cache.get(key)
         if knobs is None:
-            knobs = self.req.training.model_copy(
-                update={
-                    "zero_stage": zero,
-                    "offload_optimizer": off_opt,
-                    "offload_params": off_par,
-                }
-            )
+            update: dict[str, object] = {
+                "zero_stage": zero,
+                "offload_optimizer": off_opt,
+                "offload_params": off_par,
+            }
+            if accum is not None:
+                update["grad_accum"] = accum
+            knobs = self.req.training.model_copy(update=update)
             self._knob_cache[key] = knobs
         return knobs
 
@@ -259,43 +316,66 @@ class _Search:
     def layout(self, layout: Layout) -> None:
         req, r = self.req, self.r
         try:
-            validate(req.model, layout, req.training)
+            validate(req.model, layout, req.training, r, accumulation=False)
         except ConfigError:
             if req.search_parallelism:
                 return
             raise
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
-        if layout.schedule == "dualpipe" and layout.pp > 1:
-            micro = [b for b in micro if dualpipe_micro_ok(layout.pp, rows // b)]
+        micro = [b for b in micro if _valid_accumulation(layout, rows // b)]
         if not micro:
             self.skipped.append(layout)
             return
         self.layouts += 1
-        groups = _groups(prepare(req.model, layout, req.training, req.convention, r))
+        self._dual.clear()  # keyed by the devices of this layout
+        self._tables.clear()
+        groups = _groups(prepare(req.model, layout, req.training, req.convention, r), layout)
         lc = _Lazy(groups)  # the layout's step-time figures, on its first config that fits
-        offloads = self.offloads
-        deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
+        # Frameworks that free gradients between steps hold them in forward/backward only when
+        # accumulating: the single-micro-batch config (m = 1) is swept on its own.
+        split = req.convention == "megatron" and (
+            r.framework == "transformers" or req.training.implementation is not None
+        )
+        parts: list[tuple[list[int], int | None]] = [(micro, None)]
+        if split and rows in micro:
+            parts = [(micro[:-1], 2), ([rows], 1)] if len(micro) > 1 else [([rows], 1)]
         for zero in req.zero_stages:
-            for off_opt, off_par in offloads:
+            for off_opt, off_par in self.offloads:
                 if off_par and zero != 3:
                     continue
-                rows_st = self._rows(layout, groups, self._knobs(zero, off_opt, off_par))
-                shard = max(g.shard for g in rows_st)
-                key = (zero, off_opt, off_par, shard)
-                # Probe the least memory-hungry config (most recompute, smallest micro-batch):
-                # every other one of this (ZeRO, offload) needs at least as much, so if it does
-                # not fit none does, and all are decided exactly without being swept.
-                before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
-                self._sweep(layout, rows_st, lc, key, deepest, micro[:1], rows)
-                if self.gpu_fits == gpu_fits:
-                    self.evaluated += len(req.recompute) * len(micro) - 1
-                    continue
-                del self.fitting[before:]  # the sweeps below evaluate it again
-                self.gpu_fits, self.host_limited = gpu_fits, limited
-                self.evaluated -= 1
-                for rc in req.recompute:
-                    self._sweep(layout, rows_st, lc, key, rc, micro, rows)
+                for part, accum in parts:
+                    knobs = self._knobs(zero, off_opt, off_par, accum)
+                    self._configs(layout, groups, lc, knobs, part, rows)
+
+    def _configs(
+        self,
+        layout: Layout,
+        groups: list[PreparedDevice],
+        lc: _Lazy,
+        knobs: Training,
+        micro: list[int],
+        rows: int,
+    ) -> None:
+        """Every (recompute, micro-batch) of one (ZeRO, offload) choice."""
+        req = self.req
+        zero, off_opt, off_par = knobs.zero_stage, knobs.offload_optimizer, knobs.offload_params
+        deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
+        rows_st = self._rows(layout, groups, knobs, micro)
+        key = (zero, off_opt, off_par, max(g.shard for g in rows_st))
+        # Probe the least memory-hungry config (most recompute, smallest micro-batch):
+        # every other one of this (ZeRO, offload) needs at least as much, so if it does
+        # not fit none does, and all are decided exactly without being swept.
+        before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
+        self._sweep(layout, rows_st, lc, key, deepest, micro[:1], rows)
+        if self.gpu_fits == gpu_fits:
+            self.evaluated += len(req.recompute) * len(micro) - 1
+            return
+        del self.fitting[before:]  # the sweeps below evaluate it again
+        self.gpu_fits, self.host_limited = gpu_fits, limited
+        self.evaluated -= 1
+        for rc in req.recompute:
+            self._sweep(layout, rows_st, lc, key, rc, micro, rows)
 
     def _sweep(
         self,
@@ -315,11 +395,23 @@ class _Search:
             r.cuda_context_bytes + ov.calibration_bytes,
             self.budget,
         )
-        # Without an eager end-of-backward term its bytes are -1: never above the peak.
         table = [
-            (g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt, *_tail(g, rc))
+            (
+                g,
+                g.fixed,
+                g.depth,
+                g.acts[rc],
+                None if g.table is None else g.table[rc],
+                g.base_fb + g.const[rc],
+                g.work[rc],
+                g.opt,
+                g.tails[rc],
+            )
             for g in rows_st
         ]
+        monotone = rows_st[0].table is None or all(
+            _monotone(g.table[rc], micro, rows) for g in rows_st if g.table is not None
+        )
         curve: CostCurve | None = None  # folded on the first config that fits
         fitting = self.fitting
         host_1, host_m = self._host
@@ -328,11 +420,11 @@ class _Search:
         for i, b in enumerate(micro):
             m = rows // b
             best, row, fb_best = -1, rows_st[0], 0
-            for g, fixed, depth, a, base_fb, opt, tail_a, tail_base in table:
-                fb = max(  # the eager end of backward can top the start of backward
-                    base_fb + math.ceil(a * b * (fixed or (depth if depth < m else m))),
-                    tail_base + tail_a * b,
-                )
+            for g, fixed, depth, a, vt, base_fb, work, opt, later in table:
+                acts = a * (fixed or (depth if depth < m else m)) if vt is None else vt[m]
+                fb = base_fb + (acts + work) * b
+                for const, per in later:  # a later backward moment can top its start
+                    fb = max(fb, const + per * b)
                 alloc = fb if fb >= opt else opt
                 if alloc > best:
                     best, row, fb_best = alloc, g, fb
@@ -358,36 +450,65 @@ class _Search:
                     curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
                 self.closest = (0.0, total, layout, key, row.stage, phase, m, curve, host)
             # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
-            # rows)), so every larger micro-batch is decided too: it does not fit either.
+            # rows)), so every larger micro-batch is decided too: it does not fit either
+            # (interleaved tables are checked to grow too, else the sweep goes on).
+            if not monotone:
+                continue
             self.evaluated += len(micro) - i - 1
             break
         self.evaluated += min(len(micro), i + 1)
 
-    def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
+    def _rows(
+        self, layout: Layout, groups: list[PreparedDevice], knobs: Training, micro: list[int]
+    ) -> list[_Row]:
         """The inner loop's rows; sets ``self._host`` (host bytes per node with one micro-batch
         per step, and with accumulation) from the same states."""
         out = []
         host_1 = host_m = 0
         accum = knobs.offload_optimizer and knobs.zero_stage < 3 and self.req.convention != "paper"
         pp, sched = layout.pp, layout.schedule
-        factor = 1.0 + (pp - 1) / (pp * layout.vpp) if sched == "interleaved" else 1.0
-        fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
+        rows = self.req.global_batch // layout.dp
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
             host_1 = max(host_1, s.host, s.host_init)
             host_m = max(host_m, s.host_init, self._accumulating(s, knobs) if accum else s.host)
+            acts, fixed, table = g.stages[0].acts, 1 if pp == 1 else 0, None
+            # In-flight bytes depend on the device and the micro-batches, not on the (ZeRO,
+            # offload) choice: computed once per layout (the planner's hot path).
+            if sched == "dualpipe" and pp > 1:  # fixed counts: PP - j for each held stage j
+                dual = self._dual.get(id(g))
+                if dual is None:
+                    dual = {
+                        rc: device_in_flight(g, layout, rc, 2 * pp)[0] for rc in RECOMPUTE_LEVELS
+                    }
+                    self._dual[id(g)] = dual
+                acts, fixed = dual, 1
+            elif sched == "interleaved" and pp > 1:
+                key = (id(g), len(micro), micro[0])
+                table = self._tables.get(key)
+                if table is None:
+                    table = {
+                        rc: {
+                            rows // b: device_in_flight(g, layout, rc, rows // b)[0] for b in micro
+                        }
+                        for rc in self.req.recompute
+                    }
+                    self._tables[key] = table
             out.append(
                 _Row(
                     g.index,
                     pp - g.index,
                     fixed,
-                    factor,
-                    g.acts,
+                    acts,
+                    g.works,
+                    g.consts,
+                    table,
                     s.static + s.working_set + self.r.comm_buffer_bytes,
                     s.static + s.transient,
                     s.ms.shard_params,
-                    g.tail if s.tail is not None else None,
-                    s.static + (s.tail or 0) + self.r.comm_buffer_bytes,
+                    _NO_TAILS
+                    if s.tail is None and not g.stages[0].moments
+                    else {rc: tuple(tails(g, s, knobs, self.r, rc)) for rc in RECOMPUTE_LEVELS},
                 )
             )
         n = self.req.gpus_per_node
@@ -430,28 +551,24 @@ class _Search:
 
 
 def _nothing_to_search(req: PlanRequest, skipped: list[Layout]) -> ConfigError:
-    """Why no config could even be evaluated: a pinned micro-batch, DualPipe's micro-batch
-    rule or pinned layout fields that leave nothing."""
-    if skipped and req.micro_batches:
-        rows = req.global_batch // skipped[0].dp
-        return ConfigError(
-            "micro_batch",
-            f"{req.micro_batches[0]} does not divide the {rows} sequences per DP rank"
-            + (
-                " into an even number >= 2 x PP (DualPipe)"
-                if skipped[0].schedule == "dualpipe"
-                else ""
-            ),
-            "pick a divisor of global batch / DP, or leave --micro-batch out",
-        )
+    """Why no config could even be evaluated: a pinned micro-batch that divides nothing, a
+    schedule that refuses every accumulation count (``schedule.check_micro_batches``), or
+    pinned layout fields that leave no layout."""
     if skipped:
         lay = skipped[0]
-        return ConfigError(
-            "global_batch_size",
-            f"DualPipe needs an even number of micro-batches, at least 2 x PP = {2 * lay.pp}, "
-            f"and {req.global_batch // lay.dp} sequences per DP rank do not allow it",
-            "raise --global-batch-size or lower --pp",
-        )
+        rows = req.global_batch // lay.dp
+        micro = [b for b in (req.micro_batches or divisors(rows)) if rows % b == 0]
+        if not micro:
+            return ConfigError(
+                "micro_batch",
+                f"{(req.micro_batches or (0,))[0]} does not divide the {rows} sequences per DP "
+                "rank",
+                "pick a divisor of global batch / DP, or leave --micro-batch out",
+            )
+        try:
+            check_micro_batches(lay, rows // micro[0])
+        except ConfigError as exc:
+            return ConfigError("global_batch_size", exc.problem, exc.fix)
     pins = ", ".join(f"--{f} {getattr(req.layout, f)}" for f in req.fixed)
     if pins:
         return ConfigError(

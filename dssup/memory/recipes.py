@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dssup.errors import ConfigError
-from dssup.memory.config import Layout, Precision, Recompute, Schedule, Training
+from dssup.memory.config import Framework, Layout, Precision, Recompute, Schedule, Training
 from dssup.memory.cost import CostModel
 from dssup.memory.gpus import find_gpu
 from dssup.memory.plan import Candidate, PlanRequest, plan
@@ -32,6 +32,7 @@ __all__ = [
     "predict_published",
     "recipe_model",
     "recipe_topology",
+    "recipe_training",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -64,12 +65,26 @@ class Recipe(BaseModel):
     zero: int = Field(ge=0, le=3, description="distributed optimizer = 1, FSDP = 3")
     recompute: Recompute | None = Field(description="None: not published, dssup picks")
     precision: str = Field("bf16", description="Precision.named preset")
+    cache_fp8: bool | None = Field(
+        None,
+        description="linear inputs cached in FP8 for backward; None: with FP8 GEMMs "
+        "(TransformerEngine caches the FP8 cast it computes with)",
+    )
+    framework: Framework | None = Field(None, description="None: megatron")
+    recompute_modules: tuple[str, ...] | None = Field(
+        None, description="the recipe's Megatron --recompute-modules (selective)"
+    )
     ep_dispatch: Literal["alltoall", "dedup"] = "alltoall"
+    ep_overlap: bool = Field(False, description="the recipe overlaps the expert all-to-all")
     host_cores: int | None = None
+    settings_source: str = Field(
+        "", description="key into the sources for dispatcher/overlap/recompute settings"
+    )
     unstated: tuple[str, ...] = ()
     published: float = Field(gt=0, description="tokens/s/GPU")
     published_note: str = ""
     fit: bool = Field(description="used to fit CostModel's fitted constants")
+    fit_for: str | None = Field(None, description="the CostModel constant this recipe fits")
 
     def layout(self) -> Layout:
         return Layout(
@@ -128,6 +143,19 @@ def recipe_topology(r: Recipe) -> Topology:
     return topology_for(spec, host_cpu_cores=r.host_cores)[0]
 
 
+def recipe_training(r: Recipe) -> Training:
+    """The base training of a recipe: sequence, precision (FP8 caching with FP8 GEMMs unless
+    the recipe says otherwise), framework and recompute modules."""
+    cache = r.compute_dtype == "fp8" if r.cache_fp8 is None else r.cache_fp8
+    return Training(
+        seq_len=r.seq_len,
+        precision=Precision.named(r.precision).model_copy(update={"cache_fp8": cache}),
+        framework=r.framework,
+        recompute="selective" if r.recompute_modules else "none",
+        recompute_modules=r.recompute_modules,
+    )
+
+
 def _request(
     r: Recipe, m: ModelSpec, cm: CostModel, gpu_memory: int, search: bool, limit: int
 ) -> PlanRequest:
@@ -139,13 +167,19 @@ def _request(
         global_batch=r.global_batch,
         world_size=r.gpus,
         layout=base,
-        training=Training(seq_len=r.seq_len, precision=Precision.named(r.precision)),
+        training=recipe_training(r),
         recompute=(r.recompute,) if pinned and r.recompute else ("none", "selective", "full"),
         zero_stages=(r.zero,) if pinned else (0, 1, 2, 3),
         offloads=("none",) if pinned else None,
         micro_batches=(r.micro_batch,) if pinned else None,
         search_parallelism=search,
-        cost=cm.model_copy(update={"compute_dtype": r.compute_dtype, "ep_dispatch": r.ep_dispatch}),
+        cost=cm.model_copy(
+            update={
+                "compute_dtype": r.compute_dtype,
+                "ep_dispatch": r.ep_dispatch,
+                "ep_overlap": r.ep_overlap,
+            }
+        ),
         topology=recipe_topology(r),
         limit=limit,
     )

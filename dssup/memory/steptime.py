@@ -11,15 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dssup.memory.config import Convention, Layout, Overheads, Precision, Training
-from dssup.memory.core import PreparedStage, device_split, prepare, states
-from dssup.memory.cost import CostModel, LayoutCost, layout_cost
+from dssup.memory.core import PreparedDevice, prepare, states
+from dssup.memory.cost import (
+    DEFAULT_RECOMPUTE,
+    CostModel,
+    LayoutCost,
+    RecomputeSpec,
+    layout_cost,
+)
 from dssup.memory.curve import cost_curve, cost_terms
-from dssup.memory.defaults import resolve
+from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology, default_topology
 from dssup.memory.validate import validate
 
-__all__ = ["fold_layout", "step_time"]
+__all__ = ["fold_layout", "recompute_spec", "step_time"]
 
 
 def fold_layout(
@@ -28,18 +34,27 @@ def fold_layout(
     m: ModelSpec,
     layout: Layout,
     seq: int,
-    stages: Sequence[PreparedStage],
+    devices: Sequence[PreparedDevice],
     precision: Precision,
     imbalance: float = 1.0,
+    recompute: RecomputeSpec = DEFAULT_RECOMPUTE,
 ) -> LayoutCost:
-    """``layout_cost`` from the memory model's prepared stages: the largest device's
-    parameters (DualPipe: both of its stages) and the most stored activations per sequence."""
-    biggest = max(stages, key=lambda g: g.params.split.total)
-    split = device_split(biggest, layout)
-    acts = max(g.acts["none"] for g in stages)
+    """``layout_cost`` from the memory model's prepared devices: the largest device's
+    parameters (DualPipe: both of its stages) and the most activation bytes a sequence stores
+    on one device (its VPP chunks together; DualPipe: each sequence passes one of its two)."""
+    biggest = max(devices, key=lambda d: d.split.total)
+    split = biggest.split
+    share = 2 if layout.schedule == "dualpipe" and layout.pp > 1 else 1
+    acts = max(sum(st.acts["none"] for st in d.stages) // share for d in devices)
     return layout_cost(
-        cm, topo, m, layout, seq, acts, split.non_moe, split.moe, precision, imbalance
+        cm, topo, m, layout, seq, acts, split.non_moe, split.moe, precision, imbalance, recompute
     )
+
+
+def recompute_spec(r: Resolved) -> RecomputeSpec:
+    """The resolved recompute settings (modules by framework, method, layers) as the cost
+    model reads them."""
+    return RecomputeSpec(r.recompute_modules, r.recompute_method, r.recompute_num_layers)
 
 
 def step_time(
@@ -58,11 +73,19 @@ def step_time(
     topo = topology or default_topology()
     ov = overheads or Overheads()
     r = resolve(convention, training, ov)
-    stages = prepare(model, layout, training, convention, r)
+    devices = prepare(model, layout, training, convention, r)
     lc = fold_layout(
-        cm, topo, model, layout, training.seq_len, stages, r.precision, training.moe_imbalance
+        cm,
+        topo,
+        model,
+        layout,
+        training.seq_len,
+        devices,
+        r.precision,
+        training.moe_imbalance,
+        recompute_spec(r),
     )
-    shard = max(states(st, layout, training, convention, r, ov).ms.shard_params for st in stages)
+    shard = max(states(d, layout, training, convention, r, ov).ms.shard_params for d in devices)
     curve = cost_curve(
         cm,
         lc,

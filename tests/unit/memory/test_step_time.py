@@ -185,13 +185,6 @@ def test_search_covers_schedules_and_pins_what_the_user_states() -> None:
     assert {c.layout.vpp for c in got} <= {2, 4, 8}  # PP x VPP divides the 32 layers
 
 
-@pytest.mark.parametrize(("pp", "m", "ok"), [(4, 8, True), (4, 6, False), (4, 7, False)])
-def test_dualpipe_micro_batches(pp: int, m: int, ok: bool) -> None:
-    from dssup.memory.layouts import dualpipe_micro_ok
-
-    assert dualpipe_micro_ok(pp, m) is ok
-
-
 def test_unknown_host_cores_skip_offload_with_a_warning() -> None:
     req = PlanRequest(
         model=preset("llama-3-8b"),
