@@ -45,7 +45,7 @@ from dssup.memory.config import (
     Training,
 )
 
-__all__ = ["Resolved", "resolve"]
+__all__ = ["Resolved", "resolve", "step_temporary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ def resolve(convention: Convention, training: Training, overheads: Overheads) ->
     impl = training.optimizer or opt
     return Resolved(
         flash=attn == "flash",
-        optimizer_transient_per_param=prec.moments if impl == "foreach" else 0,
+        optimizer_transient_per_param=step_temporary(prec, impl),
         framework=fw,
         loss=training.loss or loss,
         mtp=mtp if training.mtp is None else training.mtp,
@@ -143,6 +143,16 @@ def resolve(convention: Convention, training: Training, overheads: Overheads) ->
         defaulted=tuple(defaulted),
         **common,  # type: ignore[arg-type]
     )
+
+
+def step_temporary(prec: Precision, impl: OptimizerImpl) -> int:
+    """Bytes per stepped parameter the optimizer step allocates: the FP32 copy of 16-bit
+    gradients that mixed precision steps on (DeepSpeed's ``single_partition_of_fp32_groups``
+    grads, one ZeRO-3 sub-group at a time; Megatron's ``_copy_model_grads_to_main_grads`` with
+    BF16 gradient buffers), plus foreach Adam's one moment-sized list (``torch._foreach_sqrt``
+    of the second moments, in their dtype). Fused Adam updates in place."""
+    copy = 4 if (prec.gradients < 4 and prec.master > 0) else 0
+    return copy + (prec.moments if impl == "foreach" else 0)
 
 
 def _pick(value: int | float | None, default: int | float) -> int | float:

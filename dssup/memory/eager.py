@@ -46,6 +46,9 @@ def _norm(
     RMS and the normalised tensor. ``own_input``: the input is stored nowhere else (else the
     caller counts it, e.g. as the checkpointed layer input, and only the FP32 excess is here)."""
     s = c.s / c.seq
+    if c.m.norm_kind == "layer":  # torch's native_layer_norm: its input, FP32 mean and rstd
+        own = in_bytes * width if own_input else 0
+        return [term(f"{prefix}.stats", group, (own + 8) * s)]
     copy = 4 if own_input else 4 - in_bytes
     return [
         term(f"{prefix}.fp32_input", group, copy * width * s),
@@ -89,8 +92,12 @@ def _attention(c: Ctx, dq: int, dv: int, kv_heads: int) -> list[Term]:
 
 
 def _head(c: Ctx, prefix: str) -> list[Term]:
-    """The residual stream entering a norm: the layer input (kept by a checkpoint too)."""
+    """The residual stream entering a norm: the layer input (kept by a checkpoint too). A
+    parallel block's MLP reads the attention's input: with one norm nothing more, with two
+    only its own norm."""
     r, h = _res(c), c.m.hidden
+    if prefix != "attn" and c.m.parallel_block:
+        return [] if c.m.layer_norms == 1 else _norm(prefix + ".norm", c, h, r)
     group = "input" if prefix == "attn" else "residual"
     return [term(f"{prefix}.input", group, r * h * c.s / c.seq), *_norm(prefix + ".norm", c, h, r)]
 
@@ -113,11 +120,17 @@ def _gqa(c: Ctx) -> list[Term]:
     d, h = c.m.head_dim, c.m.hidden
     kv = c.m.heads if (c.r is not None and c.r.attention == "eager") else c.m.kv_heads
     terms = [*_head(c, "attn"), _linear_inputs(c, "attn.qkv_input", h, 3, "norm")]
+    if c.m.qk_norm != "none":  # q and k normalised per head (or full width) before RoPE
+        width = (c.m.heads + c.m.kv_heads) * d / c.t
+        terms += _norm("attn.qk_norm", c, width, c.act, "up_proj", own_input=True)
     return terms + _attention(c, d, d, kv)
 
 
 def _swiglu(c: Ctx, prefix: str, width: float, group: str) -> list[Term]:
-    return [term(f"{prefix}.swiglu", group, 4 * c.act * width * c.s / c.seq)]
+    """Gated MLP: gate, act, up and their product; a plain (GELU) one: fc1's output and the
+    activation's output."""
+    tensors = 4 if c.m.mlp_kind == "gated" else 2
+    return [term(f"{prefix}.swiglu", group, tensors * c.act * width * c.s / c.seq)]
 
 
 def _moe(c: Ctx) -> list[Term]:
@@ -150,8 +163,13 @@ def eager_layer_terms(c: Ctx, moe_layer: bool) -> list[Term]:
     if moe_layer:
         return terms + _moe(c)
     h = c.m.hidden
-    terms += [*_head(c, "mlp"), _linear_inputs(c, "mlp.input", h, 2, "norm")]
-    return terms + _swiglu(c, "mlp", c.m.ffn / c.t, "mlp")
+    consumers = 2 if c.m.mlp_kind == "gated" else 1
+    terms += [*_head(c, "mlp"), _linear_inputs(c, "mlp.input", h, consumers, "norm")]
+    terms += _swiglu(c, "mlp", c.m.ffn / c.t, "mlp")
+    if c.m.layer_norms >= 4:  # sandwich norms (Gemma-2/3) after attention and after the MLP
+        terms += _norm("attn.post_norm", c, h, c.act, "norm", own_input=True)
+        terms += _norm("mlp.post_norm", c, h, c.act, "norm", own_input=True)
+    return terms
 
 
 def eager_io_terms(c: Ctx, first: bool, last: bool) -> list[Term]:

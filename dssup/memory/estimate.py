@@ -27,6 +27,7 @@ from dssup.memory.core import (
     tails,
 )
 from dssup.memory.defaults import Resolved, resolve
+from dssup.memory.params import Split
 from dssup.memory.result import Estimate, HeldStage, ParamCounts, StageBytes, StageEstimate
 from dssup.memory.spec import ModelSpec
 from dssup.memory.validate import validate
@@ -34,15 +35,18 @@ from dssup.memory.validate import validate
 __all__ = ["estimate"]
 
 
+def _params(split: Split) -> ParamCounts:
+    return ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe)
+
+
 def _held(dev: PreparedDevice, counts: tuple[int, ...], t: Training) -> list[HeldStage]:
     out = []
     for st, n in zip(dev.stages, counts, strict=True):
-        split = st.params.split
         out.append(
             HeldStage(
                 stage=st.index,
                 layers=list(st.layers),
-                params=ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe),
+                params=_params(st.params.split),
                 embedding=st.params.first,
                 head=st.params.last,
                 activations_per_micro_batch=st.acts[t.recompute] * t.micro_batch,
@@ -69,8 +73,8 @@ def _device(
     acts, work = per_sample * b, dev.work(rc) * b
     const = constant(dev, rc)
     fb = s.static + acts + work + s.working_set + const + r.comm_buffer_bytes
-    for const, per in tails(dev, s, t, r, rc):  # later moments of the backward
-        fb = max(fb, const + per * b)
+    for later, per in tails(dev, s, t, r, rc):  # later moments of the backward
+        fb = max(fb, later + per * b)
     opt = s.static + s.transient
     frag, total = finish(max(fb, opt), r, ov)
     sbytes = StageBytes(
@@ -94,7 +98,7 @@ def _device(
     return StageEstimate(
         stage=dev.index,
         layers=dev.layers,
-        params=ParamCounts(total=dev.split.total, moe=dev.split.moe, non_moe=dev.split.non_moe),
+        params=_params(dev.split),
         bytes=sbytes,
         host_bytes=s.host,
         host_init_bytes=s.host_init,

@@ -75,11 +75,12 @@ def framework_lines(m: ModelSpec, t: Training, r: Resolved) -> list[str]:
         "compute dtype)",
     }[r.attention]
     temp = {
-        "fused": "no step temporaries",
-        "foreach": f"one moment-sized temporary ({r.optimizer_transient_per_param} B per shard "
-        "parameter)",
+        "fused": "updates in place",
+        "foreach": f"one moment-sized temporary ({p.moments} B per shard parameter)",
         "forloop": "per-tensor temporaries (twice the largest tensor)",
     }[r.optimizer]
+    if p.gradients < 4 and p.master > 0:
+        temp += "; the step works on an FP32 copy of the 16-bit gradients (4 B per parameter)"
     out = [
         f"framework {r.framework}{_d(r, 'framework')}: {_CODE[r.framework]}",
         f"activations stored in {p.activations} B per element{fp8}",

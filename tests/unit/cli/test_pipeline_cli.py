@@ -24,7 +24,7 @@ RECIPE = [
     "--zero",
     "1",
     "--gpu-memory",
-    "84943110144",  # an H800's totalGlobalMem (deepseek-ai/profile-data train.json)
+    "84943110144B",  # an H800's totalGlobalMem (deepseek-ai/profile-data train.json)
 ]
 
 

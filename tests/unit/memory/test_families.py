@@ -175,7 +175,9 @@ def test_activation_terms_follow_the_block() -> None:
     llama = model_from_hf_config(cfg("meta-llama/Llama-3.2-1B"))
     plain = llama.model_copy(update={"mlp_kind": "plain"})
     t, p = _terms(llama), _terms(plain)
-    assert p["mlp.fc1_out"] * 2 == t["mlp.fc1_out"] and p["mlp.act"] * 2 == t["mlp.act"]
+    # A gated MLP keeps its [s, 2f] gate/up output, a plain one its [s, f] fc1 output; both keep
+    # one [s, f] activation output for the second matrix.
+    assert p["mlp.fc1_out"] * 2 == t["mlp.fc1_out"] and p["mlp.act"] == t["mlp.act"]
     phi = _terms(model_from_hf_config(cfg("microsoft/phi-2")))
     assert "mlp.input" not in phi and "mlp.norm_out" not in phi  # one norm, shared input
     neox = _terms(llama.model_copy(update={"parallel_block": True}))
