@@ -121,7 +121,8 @@ def plan_cmd(
     \b
     Examples:
       dssup plan --model deepseek-v3 --gpus 2048 --global-batch-size 15360 \\
-          --gpu-memory H800 --compute-dtype fp8 --search-parallelism --top 5 --explain 1
+          --gpu-memory H800 --framework deepseek --precision fp8 --dtypes moments=bf16 \\
+          --compute-dtype fp8 --search-parallelism --margin 0 --top 5 --explain 1
       dssup plan --model llama-3-70b --gpus 64 --global-batch-size 512 --gpu-memory H100 \\
           --host-memory 2TiB      # offload only where the node's host memory holds it
     Exit status: 0 something fits, 1 nothing fits, 2 bad input.

@@ -125,7 +125,7 @@ class CostModel(BaseModel):
         "(token, node) across nodes (DeepEP, HybridEP)",
     )
     moe_slot_seconds: float = Field(
-        8.4e-11,
+        8.3e-11,
         ge=0,
         description="seconds per routed (token, expert) slot and hidden element, forward and "
         "backward, that fine-grained MoE layers cost beyond their GEMMs and all-to-all "
@@ -252,10 +252,13 @@ def layout_cost(
         g, p, gm, pm = (d / bw_d + e / bw_e for d, e in zip(dense, expert, strict=True))
         zero_parts[z] = (g, p, gm, pm)
     params = dense_params + expert_params
+    # A micro-batch crosses one of the two stages a DualPipe device holds: it reads half the
+    # device's weights (the work in ``device_work`` is the mean of the two stages likewise).
+    read = params / 2 if dual else params
     return LayoutCost(
         rc=rc_parts,
         zero=zero_parts,
-        weight_reads=3 * params * (1 if fp8 else wb) / topo.hbm_bytes_per_s,
+        weight_reads=3 * read * (1 if fp8 else wb) / topo.hbm_bytes_per_s,
         bubble=bubble(layout),
         params=params,
         hbm=topo.hbm_bytes_per_s,

@@ -10,7 +10,11 @@ train MoE models with (DeepSeek-V3: PP16 DualPipe). What is searched:
 * EP: divisors of the routed experts whose EP x ETP divides TP x CP x DP;
 * schedule: 1F1B; interleaved with every VPP >= 2 that splits the layers evenly
   (``validate.py`` requires PP x VPP to divide the layers); DualPipe on MoE models with an even
-  PP (DeepSeek's ``dualpipe.py`` asserts an even rank count).
+  PP (DeepSeek's ``dualpipe.py`` asserts an even rank count) when the framework runs it
+  (``dualpipe``: framework ``deepseek``, or ``--schedule dualpipe`` pinned). Megatron-core has
+  no DualPipe schedule (no ``dualpipe`` anywhere in NVIDIA/Megatron-LM at d98e8a64dd); its
+  counterpart, the expert all-to-all of one micro-batch behind another's compute
+  (``overlap_moe_expert_parallel_comm``), is ``CostModel.ep_overlap`` on 1F1B/interleaved.
 
 CP, ETP and sequence parallelism are kept as given; an explicit ``layers_per_stage`` stays with
 its own PP, schedule and VPP (other choices split evenly); and every field named in ``fixed`` is (``tp``, ``pp``, ``ep``, ``schedule``, ``vpp``): an option the user
@@ -45,9 +49,10 @@ def search_layouts(
     max_tp: int,
     max_vpp: int,
     fixed: tuple[str, ...] = (),
+    dualpipe: bool = False,
 ) -> Iterator[Layout]:
     """Every layout of the search space for ``world`` GPUs (validity is checked by the caller);
-    the fields in ``fixed`` keep ``base``'s value."""
+    the fields in ``fixed`` keep ``base``'s value; ``dualpipe``: the framework runs DualPipe."""
     eps = [base.ep] if "ep" in fixed else (divisors(m.moe.n_routed) if m.moe else [1])
     tps = [base.tp] if "tp" in fixed else [d for d in divisors(world, max_tp) if d & (d - 1) == 0]
     for tp in tps:
@@ -62,7 +67,7 @@ def search_layouts(
                 if (tp * base.cp * dp) % (ep * base.etp):
                     continue
                 common = {"tp": tp, "pp": pp, "dp": dp, "ep": ep}
-                for schedule, vpp in _schedules(m, base, pp, max_vpp, fixed):
+                for schedule, vpp in _schedules(m, base, pp, max_vpp, fixed, dualpipe):
                     own = (pp, schedule, vpp) == (base.pp, base.schedule, base.vpp)
                     split = base.layers_per_stage if own else None
                     yield base.model_copy(
@@ -76,11 +81,12 @@ def search_layouts(
 
 
 def _schedules(
-    m: ModelSpec, base: Layout, pp: int, max_vpp: int, fixed: tuple[str, ...]
+    m: ModelSpec, base: Layout, pp: int, max_vpp: int, fixed: tuple[str, ...], dualpipe: bool
 ) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = [("1f1b", 1)]
     out += [("interleaved", v) for v in vpp_choices(m.layers, pp, max_vpp)]
-    if m.moe is not None and pp % 2 == 0:
+    dualpipe = dualpipe or ("schedule" in fixed and base.schedule == "dualpipe")
+    if m.moe is not None and pp % 2 == 0 and dualpipe:
         out.append(("dualpipe", 1))
     own = (base.schedule, base.vpp)
     if pp == base.pp and base.layers_per_stage is not None and own not in out:

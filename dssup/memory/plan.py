@@ -137,21 +137,27 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
             )
         yield base.model_copy(update={"dp": world // mp})
         return
-    yield from search_layouts(m, base, world, req.max_tp, req.max_vpp, req.fixed)
+    dualpipe = req.training.framework == "deepseek"
+    yield from search_layouts(m, base, world, req.max_tp, req.max_vpp, req.fixed, dualpipe)
 
 
-def _groups(devices: list[PreparedDevice], layout: Layout) -> list[PreparedDevice]:
+def _groups(
+    devices: list[PreparedDevice],
+    layout: Layout,
+    dual: dict[int, dict[Recompute, int]] | None = None,
+) -> list[PreparedDevice]:
     """One device per kind. 1F1B: devices with equal parameters and activations peak at the
     lowest index (it holds the most in-flight micro-batches); DualPipe: devices with equal
     parameters, in-flight bytes (stage j keeps PP - j micro-batches, so two middle stages of
     the same size add up alike on every rank), working sets and edge stages are one kind;
-    interleaved: every rank differs."""
+    interleaved: every rank differs. ``dual`` receives each DualPipe device's in-flight bytes
+    per recompute level (by ``id``), which its rows reuse."""
     if layout.schedule == "interleaved" and layout.pp > 1:
         return devices
     seen: dict[tuple[object, ...], PreparedDevice] = {}
     for dev in devices:
         if layout.schedule == "dualpipe":
-            key: tuple[object, ...] = _dual_kind(dev, layout)
+            key: tuple[object, ...] = _dual_kind(dev, layout, dual)
         else:
             st = dev.stages[0]
             key = (dev.split, tuple(sorted(st.acts.items())), dev.largest_layer)
@@ -160,12 +166,17 @@ def _groups(devices: list[PreparedDevice], layout: Layout) -> list[PreparedDevic
     return list(seen.values())
 
 
-def _dual_kind(dev: PreparedDevice, layout: Layout) -> tuple[object, ...]:
+def _dual_kind(
+    dev: PreparedDevice, layout: Layout, dual: dict[int, dict[Recompute, int]] | None
+) -> tuple[object, ...]:
     """What a DualPipe device's rows read: parameters, in-flight bytes per recompute level,
     working sets, constants and which edge stages it holds (eager moments: every rank)."""
     if any(st.moments for st in dev.stages):
         return (dev.index,)
-    acts = tuple(device_in_flight(dev, layout, rc, 2 * layout.pp)[0] for rc in RECOMPUTE_LEVELS)
+    by_rc = {rc: device_in_flight(dev, layout, rc, 2 * layout.pp)[0] for rc in RECOMPUTE_LEVELS}
+    if dual is not None:
+        dual[id(dev)] = by_rc
+    acts = tuple(by_rc.values())
     edges = tuple(sorted((st.params.first, st.params.last) for st in dev.stages))
     return (
         dev.split,
@@ -330,7 +341,8 @@ class _Search:
         self.layouts += 1
         self._dual.clear()  # keyed by the devices of this layout
         self._tables.clear()
-        groups = _groups(prepare(req.model, layout, req.training, req.convention, r), layout)
+        devices = prepare(req.model, layout, req.training, req.convention, r)
+        groups = _groups(devices, layout, self._dual)
         lc = _Lazy(groups)  # the layout's step-time figures, on its first config that fits
         # Frameworks that free gradients between steps hold them in forward/backward only when
         # accumulating: the single-micro-batch config (m = 1) is swept on its own.

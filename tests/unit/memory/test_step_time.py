@@ -171,7 +171,14 @@ def test_search_covers_schedules_and_pins_what_the_user_states() -> None:
         limit=100_000,
     )
     seen = {(c.layout.schedule, c.layout.vpp) for c in plan(base).candidates}
-    assert {("dualpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4)} <= seen
+    assert {("1f1b", 1), ("interleaved", 2), ("interleaved", 4)} <= seen
+    assert "dualpipe" not in {s for s, _ in seen}  # Megatron (the default) has no DualPipe
+    deepseek = base.model_copy(update={"training": Training(seq_len=4096, framework="deepseek")})
+    assert ("dualpipe", 1) in {(c.layout.schedule, c.layout.vpp) for c in plan(deepseek).candidates}
+    dual = base.model_copy(
+        update={"layout": Layout(pp=2, schedule="dualpipe"), "fixed": ("schedule",)}
+    )
+    assert {c.layout.schedule for c in plan(dual).candidates} == {"dualpipe"}
     pinned = base.model_copy(
         update={
             "layout": Layout(tp=2, pp=4, schedule="interleaved", vpp=2),
@@ -218,7 +225,7 @@ def test_every_searched_layout_is_distinct() -> None:
     from dssup.memory.layouts import search_layouts
 
     m = preset("deepseek-v3")
-    got = list(search_layouts(m, Layout(), 256, 8, 32))
+    got = list(search_layouts(m, Layout(), 256, 8, 32, dualpipe=True))
     keys = [(x.tp, x.pp, x.ep, x.schedule, x.vpp) for x in got]
     assert len(keys) == len(set(keys))
     assert all(x.world_size == 256 for x in got)

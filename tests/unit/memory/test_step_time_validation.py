@@ -23,16 +23,7 @@ from dssup.modelio import load_model
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures/step_time/recipes.json"
 
 # Recipes that do not meet a bound today, and why (docs/step-time.md, "What does not hold").
-UNEVEN_VPP = "layers_per_stage"  # the memory model cannot take a split per virtual stage yet
-KNOWN: dict[str, tuple[str, str]] = {
-    "llama3.1-405b-1024xh100-fp8": ("refused", UNEVEN_VPP),
-    "qwen3-235b-a22b-256xh100-fp8": ("refused", UNEVEN_VPP),
-    "deepseek-v3-1024xh100-fp8": ("refused", UNEVEN_VPP),
-    "deepseek-v3-2048xh800-fp8": ("does-not-fit", ""),
-    "qwen3-30b-a3b-16xh100-fp8": ("ranked-low", ""),
-    "qwen3-30b-a3b-16xh100-fp8-pp2": ("error", ""),
-    "gpt-oss-120b-64xh100-bf16": ("both", ""),
-}
+KNOWN: dict[str, tuple[str, str]] = {}  # name -> (refused|does-not-fit|ranked-low|error|both, why)
 
 
 @lru_cache(maxsize=1)
