@@ -199,7 +199,9 @@ def default_topology() -> Topology:
 
 def topology_of(name: str | None) -> Topology | None:
     """The reference-node topology of a GPU named by a node label (GFD product), a canonical
-    name or an alias; None when the table does not know it (the planner then warns)."""
+    name or an alias; None when the table does not know it or lacks its compute figures (an
+    A10G has no public tensor FLOP/s): the planner then ranks for its default node and warns.
+    Callers are the webhook and the supervisor, which must not fail on a node's GPU."""
     if not name:
         return None
     spec = gpu_for_product(name)
@@ -208,4 +210,9 @@ def topology_of(name: str | None) -> Topology | None:
             spec = find_gpu(name)
         except ConfigError:  # an ambiguous short name: no topology rather than a guess
             return None
-    return None if spec is None else topology_for(spec)[0]
+    if spec is None:
+        return None
+    try:
+        return topology_for(spec)[0]
+    except ConfigError:  # a figure the table does not have and no flag can give here
+        return None

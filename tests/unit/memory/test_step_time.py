@@ -11,7 +11,7 @@ from dssup.memory import GiB, Layout, PlanRequest, Training, plan, preset
 from dssup.memory.cost import CostModel, bubble
 from dssup.memory.gpus import find_gpu
 from dssup.memory.steptime import step_time
-from dssup.memory.topology import Topology, default_topology, group_link, topology_for
+from dssup.memory.topology import Topology, default_topology, group_link, topology_for, topology_of
 
 H100 = default_topology()
 
@@ -232,3 +232,13 @@ def test_every_searched_layout_is_distinct() -> None:
     assert {x.schedule for x in got} == {"1f1b", "dualpipe"}  # 61 layers: no even VPP split
     assert all(x.pp % 2 == 0 for x in got if x.schedule == "dualpipe")
     assert got[0].tp == 1
+
+
+def test_topology_of_a_node_label_never_fails() -> None:
+    """The webhook and the supervisor name the node's GPU: a GPU the table lacks compute figures
+    for (A10G) gives no topology (the planner ranks for its default node and warns), not an
+    error."""
+    h100 = topology_of("NVIDIA-H100-80GB-HBM3")
+    assert h100 is not None and h100.gpu == "H100-SXM-80GB"
+    assert topology_of("NVIDIA-A10G") is None
+    assert topology_of("no-such-gpu") is None and topology_of(None) is None
