@@ -19,7 +19,7 @@ from dssup import modelzoo
 from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, model_from_hf_config, preset, preset_names
 
-__all__ = ["load_model", "model_names", "read_config"]
+__all__ = ["load_model", "model_names", "read_config", "registered_model"]
 
 FLAG = "--model"
 _MAX_BYTES = 16 << 20  # a config.json is kilobytes; weights are gigabytes
@@ -56,36 +56,52 @@ def _read_json(path: Path) -> Any:
         ) from None
 
 
-def _from_config(
-    cfg: Any, label: str, name: str, approximate_as: str | None, notes: tuple[str, ...] = ()
-) -> ModelSpec:
+def _flagged(exc: ConfigError, label: str) -> ConfigError:
+    """A config's error restated as one ``--model`` line naming the config and its field."""
+    return type(exc)(FLAG, f"{label}: {exc.field}: {exc.problem}", exc.fix)
+
+
+def _from_config(cfg: Any, label: str, name: str, approximate_as: str | None) -> ModelSpec:
     if not isinstance(cfg, Mapping):
         raise ConfigError(FLAG, f"{label} holds a JSON {type(cfg).__name__}, not a config", _FIX)
     if not any(k in cfg for k in _SIZE_KEYS) and "model_type" not in cfg:
         keys = ", ".join(sorted(cfg)[:5]) or "nothing"
         raise ConfigError(FLAG, f"{label} is not a model config.json (it has {keys})", _FIX)
     try:
-        spec = model_from_hf_config(cfg, name=name, approximate_as=approximate_as)
+        return model_from_hf_config(cfg, name=name, approximate_as=approximate_as)
     except ConfigError as exc:
         if exc.field == "approximate_as":
             raise
-        raise type(exc)(FLAG, f"{label}: {exc.field}: {exc.problem}", exc.fix) from None
-    return spec.model_copy(update={"notes": spec.notes + notes}) if notes else spec
+        raise _flagged(exc, label) from None
 
 
-def _registered(entry: modelzoo.Entry, approximate_as: str | None) -> ModelSpec:
+# What an estimate from a registry file that is not the published file itself says about it.
+_KIND_NOTES = {
+    "transcription": "config from a third-party transcription ({repo}), not a verbatim copy of "
+    "the published file",
+    "printed": "config as transformers printed it after loading the published file ({repo}; "
+    "the serialization save_pretrained writes), not the file itself",
+}
+
+
+def registered_model(entry: modelzoo.Entry, approximate_as: str | None = None) -> ModelSpec:
+    """The ``ModelSpec`` of a registry entry (``dssup.modelzoo``), named by its Hub id: its
+    preset, or its shipped ``config.json`` read exactly. A preset, a transcription or a printed
+    config says so in the notes. The one reading of a registered model, for ``--model`` and
+    the webhook alike; errors are ``model_from_hf_config``'s (``UnknownModelType`` for a
+    ``model_type`` dssup does not read)."""
     if entry.preset is not None:
         spec = preset(entry.preset)
         note = f"{entry.id}: the {entry.preset} preset ({entry.note})"
         return spec.model_copy(update={"name": entry.id, "notes": (*spec.notes, note)})
-    notes: tuple[str, ...] = ()
-    if entry.source.kind == "transcription":
-        notes = (
-            f"{entry.id}: config from a third-party transcription ({entry.source.repo}), "
-            "not a verbatim copy of the published file",
-        )
-    cfg = modelzoo.load_config(entry)
-    return _from_config(cfg, entry.id, entry.id, approximate_as, notes)
+    spec = model_from_hf_config(
+        modelzoo.load_config(entry), name=entry.id, approximate_as=approximate_as
+    )
+    kind = _KIND_NOTES.get(entry.source.kind)
+    if kind is None:
+        return spec
+    note = f"{entry.id}: " + kind.format(repo=entry.source.repo)
+    return spec.model_copy(update={"notes": (*spec.notes, note)})
 
 
 def _not_found(text: str) -> ConfigError:
@@ -137,7 +153,12 @@ def load_model(
         return _from_config(_read_json(path), label, path.parent.name or path.stem, approximate_as)
     entry = modelzoo.find(text)
     if entry is not None:
-        return _registered(entry, approximate_as)
+        try:
+            return registered_model(entry, approximate_as)
+        except ConfigError as exc:
+            if exc.field == "approximate_as":
+                raise
+            raise _flagged(exc, entry.id) from None
     if text.endswith(".json") or text.startswith(("/", "./", "../", "~")):
         raise ConfigError(FLAG, f"{text} does not exist", _FIX)
     if text.lower() in preset_names():

@@ -16,20 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dssup.admission.nodegpu import node_gpu
+
 __all__ = ["RUNTIME_KINDS", "ClusterCache", "GpuNodeInfo", "InMemoryCache"]
 
-GPU_PRODUCT = "nvidia.com/gpu.product"
-GPU_MEMORY = "nvidia.com/gpu.memory"
-GPU_REPLICAS = "nvidia.com/gpu.replicas"
 RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 
 
 @dataclass(frozen=True, slots=True)
 class GpuNodeInfo:
-    """What GPU Feature Discovery says about the GPUs of one product across the cluster."""
+    """What the GPU labellers (NVIDIA GFD, AMD's ROCm node labeller; ``nodegpu.py``) say about
+    the GPUs of one product across the cluster."""
 
     product: str
-    memory_mib: int  # smallest ``nvidia.com/gpu.memory`` among nodes of this product
+    memory_mib: int  # smallest labelled memory among nodes of this product
     replicas: int  # largest time-slicing ``nvidia.com/gpu.replicas`` (1 = not shared)
     nodes: int
 
@@ -55,11 +55,6 @@ def _name(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def _digits(value: Any, default: int) -> int:
-    text = str(value or "").strip()
-    return int(text) if text.isascii() and text.isdigit() else default
 
 
 def _match(labels: Mapping[str, str], key: str, op: str, values: tuple[str, ...]) -> bool:
@@ -108,11 +103,10 @@ class InMemoryCache:
         ns, name = _name(obj)
         if kind == "Node":
             labels = _labels(obj)
-            product = str(labels.get(GPU_PRODUCT, ""))
+            gpu = node_gpu(labels)
             before = (self._nodes.get(name), self._node_labels.get(name))
-            if product:
-                memory = _digits(labels.get(GPU_MEMORY), 0)
-                self._nodes[name] = (product, memory, max(1, _digits(labels.get(GPU_REPLICAS), 1)))
+            if gpu is not None:
+                self._nodes[name] = gpu
                 self._node_labels[name] = {str(k): str(v) for k, v in labels.items()}
             else:
                 self._nodes.pop(name, None)
@@ -150,24 +144,42 @@ class InMemoryCache:
             self._generation += 1
 
     def replace_all(
-        self, kind: str, objects: list[Mapping[str, Any]], namespace: str | None = None
+        self,
+        kind: str,
+        objects: list[Mapping[str, Any]],
+        namespace: str | None = None,
+        label: str | None = None,
     ) -> None:
-        """The result of a fresh LIST (of one ``namespace`` when given): build the new state
-        aside, then swap it in (readers on the event loop never see a half-filled cache)."""
+        """The result of a fresh LIST (of one ``namespace`` when given; of the Nodes carrying
+        label key ``label`` when given, as one label-selected watch sees them): build the new
+        state aside, then swap it in (readers on the event loop never see a half-filled cache)."""
         fresh = InMemoryCache()
         for obj in objects:
             fresh.upsert({**obj, "kind": kind})
         if kind == "Node":
-            self._nodes, self._gpu = fresh._nodes, None
-            self._node_labels = fresh._node_labels
+
+            def listed(labels: Mapping[str, str]) -> bool:
+                return label is None or label in labels
+
+            kept = {n for n, lbl in self._node_labels.items() if not listed(lbl)}
+            mine = {n for n, lbl in fresh._node_labels.items() if listed(lbl)}
+            self._nodes = {
+                **{n: self._nodes[n] for n in kept},
+                **{n: fresh._nodes[n] for n in mine},
+            }
+            self._node_labels = {
+                **{n: self._node_labels[n] for n in kept},
+                **{n: fresh._node_labels[n] for n in mine},
+            }
+            self._gpu = None
         elif kind == "ConfigMap" and namespace is not None:
             kept_cms = {k: v for k, v in self._config_maps.items() if k[0] != namespace}
             self._config_maps = {**kept_cms, **fresh._config_maps}
         elif kind == "ConfigMap":
             self._config_maps = fresh._config_maps
         else:
-            kept = {k: v for k, v in self._runtimes.items() if k[1] != kind}
-            self._runtimes = {**kept, **fresh._runtimes}
+            kept_rt = {k: v for k, v in self._runtimes.items() if k[1] != kind}
+            self._runtimes = {**kept_rt, **fresh._runtimes}
         self._generation += 1
 
     # -- read side --------------------------------------------------------------------------

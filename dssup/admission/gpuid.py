@@ -23,6 +23,7 @@ from typing import Any
 
 from dssup.admission.cache import ClusterCache
 from dssup.admission.instances import INSTANCE_GPUS, INSTANCE_LABELS
+from dssup.admission.nodegpu import AMD_PRODUCT_LABEL, GPU_PRODUCT_LABEL
 from dssup.admission.view import annotation_ref
 
 __all__ = [
@@ -34,8 +35,6 @@ __all__ = [
     "products",
 ]
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 _MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
 

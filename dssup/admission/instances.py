@@ -36,6 +36,8 @@ INSTANCE_GPUS: dict[str, str] = {
     "g6": "NVIDIA-L4",
     "gr6": "NVIDIA-L4",
     "g6e": "NVIDIA-L40S",
+    # https://aws.amazon.com/blogs/aws/announcing-amazon-ec2-g7e-instances-accelerated-by-nvidia-rtx-pro-6000-blackwell-server-edition-gpus/
+    "g7e": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
     # Karpenter's GPU name label
     "t4": "Tesla-T4",
     "a10g": "NVIDIA-A10G",
@@ -56,7 +58,7 @@ INSTANCE_GPUS: dict[str, str] = {
     "nvidia-h200-141gb": "NVIDIA-H200",
     "nvidia-b200": "NVIDIA-B200",
     "nvidia-gb200": "NVIDIA-GB200",
-    "nvidia-rtx-pro-6000": "NVIDIA-RTX-PRO-6000",
+    "nvidia-rtx-pro-6000": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",  # G4 machines
     # Azure (AKS node.kubernetes.io/instance-type)
     "standard_nd96asr_v4": "NVIDIA-A100-SXM4-40GB",
     "standard_nd96amsr_a100_v4": "NVIDIA-A100-SXM4-80GB",

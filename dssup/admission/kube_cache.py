@@ -1,6 +1,7 @@
 """Feed the ``InMemoryCache`` from the Kubernetes API: list once, then watch, per resource.
 
-One daemon thread per resource (GFD-labelled Nodes, labelled ConfigMaps, Cluster/
+One daemon thread per resource (GPU Nodes, as NVIDIA GPU Feature Discovery or AMD's ROCm node
+labeller label them: one label-selected watch each; labelled ConfigMaps; Cluster/
 TrainingRuntimes) runs list -> watch -> (410 Gone or error) -> relist, with exponential backoff
 (tenacity) between failures. The cache reports ``synced`` once every resource has been listed
 (a missing CRD counts as listed and empty), and readiness waits for that. Requests never call
@@ -21,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential
 
 from dssup.admission.cache import InMemoryCache
+from dssup.admission.nodegpu import AMD_PRODUCT_LABEL, GPU_PRODUCT_LABEL
 
 __all__ = ["KubeWatchCache", "Resource"]
 
@@ -38,9 +40,16 @@ class Resource:
 
     @property
     def key(self) -> str:
-        """The kind, and the namespace of a namespaced list."""
+        """The kind, and the namespace of a namespaced list or the label of a Node list."""
         ns = self.kwargs.get("namespace")
-        return f"{self.kind}/{ns}" if ns else self.kind
+        if ns:
+            return f"{self.kind}/{ns}"
+        return f"{self.kind}[{self.node_label}]" if self.node_label else self.kind
+
+    @property
+    def node_label(self) -> str | None:
+        """The label key a Node list selects on (its LIST replaces only Nodes carrying it)."""
+        return self.kwargs.get("label_selector") if self.kind == "Node" else None
 
 
 class _Relist(Exception):
@@ -80,7 +89,10 @@ class KubeWatchCache:
             else [Resource("ConfigMap", core.list_config_map_for_all_namespaces, selector)]
         )
         self.resources = [
-            Resource("Node", core.list_node, {"label_selector": "nvidia.com/gpu.product"}),
+            *(
+                Resource("Node", core.list_node, {"label_selector": label})
+                for label in (GPU_PRODUCT_LABEL, AMD_PRODUCT_LABEL)
+            ),
             *config_maps,
             Resource(
                 "ClusterTrainingRuntime",
@@ -139,13 +151,14 @@ class KubeWatchCache:
             resp = res.list_fn(**res.kwargs, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404:  # the CRD is not installed: nothing to cache
-                self.store.replace_all(res.kind, [], res.kwargs.get("namespace"))
+                self.store.replace_all(res.kind, [], res.kwargs.get("namespace"), res.node_label)
                 self._mark(res)
                 self._stop.wait(300)
                 raise _Relist(f"{res.kind}: not served") from None
             raise
         doc = json.loads(resp.data)
-        self.store.replace_all(res.kind, list(doc.get("items") or []), res.kwargs.get("namespace"))
+        items = list(doc.get("items") or [])
+        self.store.replace_all(res.kind, items, res.kwargs.get("namespace"), res.node_label)
         self._mark(res)
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 

@@ -23,7 +23,8 @@ from dssup import modelzoo
 from dssup.admission.flags import MODEL_FLAGS, TORCHTUNE_CONFIG
 from dssup.admission.source import Incomplete
 from dssup.errors import UnknownModelType
-from dssup.memory import ModelSpec, model_from_hf_config, preset
+from dssup.memory import ModelSpec
+from dssup.modelio import registered_model
 
 __all__ = [
     "MODEL_ENV",
@@ -125,13 +126,10 @@ def _registered(hub: str) -> tuple[ModelSpec, str] | None:
     entry = modelzoo.find(hub)
     if entry is None:
         return None
-    if entry.preset is not None:
-        return preset(entry.preset).model_copy(update={"name": entry.id}), entry.id
     try:
-        spec = model_from_hf_config(modelzoo.load_config(entry), name=entry.id)
+        return registered_model(entry), entry.id
     except UnknownModelType as exc:  # shipped, but not an architecture dssup reads exactly
         raise Incomplete([f"a model dssup reads exactly: {entry.id}: {exc}"]) from None
-    return spec, entry.id
 
 
 def known_model(ref: str) -> tuple[ModelSpec, str] | None:

@@ -52,8 +52,9 @@ def models_cmd(as_json: bool) -> None:
           --global-batch-size 512 --zero 1
     A config.json of another model_type is refused unless you name an approximation:
       dssup estimate --model ./kimi/config.json --approximate-as deepseek_v3
-    Column source: copy (the published file), resave (a save_pretrained copy), transcription
-    (a third-party transcription of it), preset (a dssup preset checked against a file).
+    Column source: copy (the published file), resave (a save_pretrained copy), printed (the
+    config transformers printed after loading the published file), transcription (a
+    third-party transcription of it), preset (a dssup preset checked against a file).
     """
     rows = _rows()
     presets = {p: model_total(preset(p), "megatron") for p in preset_names()}
@@ -62,11 +63,11 @@ def models_cmd(as_json: bool) -> None:
         click.echo(json.dumps(doc, separators=(",", ":")))
         return
     width = max(len(r["id"]) for r in rows)
-    click.echo(f"{'Hub id':<{width}}  {'model_type':<13} {'params':>9}  source")
+    click.echo(f"{'Hub id':<{width}}  {'model_type':<15} {'params':>9}  source")
     for r in rows:
         also = f"  (also {', '.join(r['also'])})" if r["also"] else ""
         click.echo(
-            f"{r['id']:<{width}}  {r['model_type']!s:<13} {r['params'] / 1e9:8.2f}B  "
+            f"{r['id']:<{width}}  {r['model_type']!s:<15} {r['params'] / 1e9:8.2f}B  "
             f"{r['source']}{also}"
         )
     click.echo("\npresets: " + ", ".join(f"{p} ({n / 1e9:.2f}B)" for p, n in presets.items()))

@@ -4,7 +4,8 @@ One function per ``model_type``, each reading exactly the fields that type's mod
 uses, with that code's defaults (transformers 5.23): a GPT-2 MLP is two matrices with biases
 and LayerNorm, Gemma ties its head unless told otherwise, Phi has one LayerNorm feeding a
 parallel attention and MLP. A family never borrows another's fields, so a config is read
-exactly or refused by name (``hf.py``). MoE families live in ``families_moe.py``.
+exactly or refused by name (``hf.py``). MoE families live in ``families_moe.py``, Falcon in
+``families_falcon.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from dssup.memory.hfread import Reader
 
-__all__ = ["DENSE", "Family", "Fields", "base", "every_layer", "sliding"]
+__all__ = ["DENSE", "Family", "Fields", "base", "every_layer", "gelu_block", "gpt_sizes", "sliding"]
 
 Fields = dict[str, Any]
 Family = Callable[[Reader, Reader | None], Fields]
@@ -138,7 +139,7 @@ def phi3(r: Reader, top: Reader | None = None) -> Fields:
     return f
 
 
-def _gelu_block(f: Fields, *, bias: bool, mlp_bias: bool) -> Fields:
+def gelu_block(f: Fields, *, bias: bool, mlp_bias: bool) -> Fields:
     """The GPT-style block: two-matrix GELU MLP, LayerNorm with bias."""
     f.update(mlp_kind="plain", norm_kind="layer", norm_bias=True)
     f.update(qkv_bias=bias, attn_out_bias=bias, mlp_bias=mlp_bias)
@@ -146,7 +147,7 @@ def _gelu_block(f: Fields, *, bias: bool, mlp_bias: bool) -> Fields:
 
 
 def phi(r: Reader, top: Reader | None = None) -> Fields:
-    f = _gelu_block(base(r, act="gelu_new"), bias=True, mlp_bias=True)
+    f = gelu_block(base(r, act="gelu_new"), bias=True, mlp_bias=True)
     f.update(layer_norms=1, parallel_block=True, head_bias=True)
     if r.flag("qk_layernorm", False):
         f["qk_norm"] = "head"
@@ -154,7 +155,7 @@ def phi(r: Reader, top: Reader | None = None) -> Fields:
     return f
 
 
-def _sizes(r: Reader, hidden: int, ffn: int, layers: int, heads: int, kv: int) -> Fields:
+def gpt_sizes(r: Reader, hidden: int, ffn: int, layers: int, heads: int, kv: int) -> Fields:
     """Sizes of GPT-style configs that name them their own way (head_dim = h / heads)."""
     return {
         "hidden": hidden,
@@ -170,10 +171,10 @@ def _sizes(r: Reader, hidden: int, ffn: int, layers: int, heads: int, kv: int) -
 def gpt2(r: Reader, top: Reader | None = None) -> Fields:
     r.refuse_if("add_cross_attention", True, "cross-attention blocks")
     hidden, heads = r.num("n_embd"), r.num("n_head")
-    f = _sizes(r, hidden, r.num("n_inner", default=4 * hidden), r.num("n_layer"), heads, heads)
+    f = gpt_sizes(r, hidden, r.num("n_inner", default=4 * hidden), r.num("n_layer"), heads, heads)
     f["activation"] = r.text("activation_function", "gelu_new")
     f["learned_positions"] = r.num("n_positions", default=1024)
-    _gelu_block(f, bias=True, mlp_bias=True)
+    gelu_block(f, bias=True, mlp_bias=True)
     f["tie_embeddings"] = r.tie("gpt2", True, top)
     return f
 
@@ -181,35 +182,15 @@ def gpt2(r: Reader, top: Reader | None = None) -> Fields:
 def gpt_neox(r: Reader, top: Reader | None = None) -> Fields:
     f = base(r, act="gelu")
     f["kv_heads"] = f["heads"]
-    _gelu_block(f, bias=r.flag("attention_bias", True), mlp_bias=True)
+    gelu_block(f, bias=r.flag("attention_bias", True), mlp_bias=True)
     f["parallel_block"] = r.flag("use_parallel_residual", True)  # two norms, one input
     f["tie_embeddings"] = r.tie("gpt_neox", False, top)
     return f
 
 
-def falcon(r: Reader, top: Reader | None = None) -> Fields:
-    r.refuse_if("alibi", True, "ALiBi Falcon checkpoints are not read yet")
-    hidden = r.num("hidden_size", "n_embed")
-    heads = r.num("num_attention_heads")
-    new_arch, parallel = r.flag("new_decoder_architecture", False), r.flag("parallel_attn", True)
-    if new_arch:
-        kv = r.num("num_kv_heads", default=heads)
-    else:
-        kv = 1 if r.flag("multi_query", True) else heads
-    ffn = r.num("ffn_hidden_size", default=4 * hidden)
-    f = _sizes(r, hidden, ffn, r.num("num_hidden_layers"), heads, kv)
-    f["activation"] = r.text("activation", "gelu")
-    bias = r.flag("bias", False)
-    _gelu_block(f, bias=bias, mlp_bias=bias)
-    norms = r.num("num_ln_in_parallel_attn", default=2 if new_arch else 1)
-    f.update(parallel_block=parallel, layer_norms=norms if parallel else 2)
-    f["tie_embeddings"] = r.tie("falcon", True, top)
-    return f
-
-
 def starcoder2(r: Reader, top: Reader | None = None) -> Fields:
     bias = r.flag("use_bias", True)
-    f = _gelu_block(base(r, act="gelu_pytorch_tanh"), bias=bias, mlp_bias=bias)
+    f = gelu_block(base(r, act="gelu_pytorch_tanh"), bias=bias, mlp_bias=bias)
     f["tie_embeddings"] = r.tie("starcoder2", True, top)
     f.update(sliding(r, f["layers"], r.num("sliding_window", default=0, least=0), every_layer))
     return f
@@ -228,6 +209,5 @@ DENSE: dict[str, Family] = {
     "phi3": phi3,
     "gpt2": gpt2,
     "gpt_neox": gpt_neox,
-    "falcon": falcon,
     "starcoder2": starcoder2,
 }

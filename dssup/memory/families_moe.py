@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dssup.errors import ConfigError
 from dssup.memory.families import DENSE, Family, Fields, base, every_layer, sliding
+from dssup.memory.families_falcon import FALCON
 from dssup.memory.hfread import Reader
 from dssup.memory.spec import MLASpec, MoESpec
 
@@ -155,6 +156,7 @@ GENERIC: Family = generic
 
 FAMILIES: dict[str, Family] = {
     **DENSE,
+    **FALCON,
     "mixtral": mixtral,
     "qwen2_moe": qwen2_moe,
     "qwen3_moe": qwen3_moe,

@@ -51,6 +51,22 @@ _L4 = "https://grokipedia.com/page/NVIDIA_L4_vs_L40S (L4 datasheet figures, with
 _DSV3 = "DeepSeek-V3 technical report, arXiv 2412.19437, sec. 3.2 (H800: NVLink, 50 GB/s IB)"
 _MI300 = "https://gpu.blog/gpus/instinct-mi300x-mi300x (Infinity Fabric 896 GB/s, PCIe Gen5)"
 _NONE = "no public datasheet found"
+_RTX_PRO_MEM = (
+    "https://github.com/lxc902/realtime-video-demo/blob/b3ca90a502325a77db6825b3e42e888be7512d70"
+    "/quantization/README.md ('NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887 MiB'); "
+    "public nvidia-smi captures of the Server and Max-Q editions read the same 97887 MiB under "
+    "drivers 580 to 596 (no citable URL found)"
+)
+_RTX_PRO_SHEET = (
+    "https://github.com/atineoSE/coding-model-seeks-gpu/blob/ff052946489e8bb55dce164802bdb7c0"
+    "1251fde6/pipeline/pipeline/sources/rtxpro6000_specs.md (NVIDIA's RTX PRO 6000 Blackwell "
+    "datasheet: 96 GB GDDR7 with ECC, PCIe 5.0 x16, FP32 125 TFLOPS, 4000 FP4 TOPS with "
+    "sparsity; no dense BF16/FP8 figure)"
+)
+_RTX_PRO_GEMM = (
+    "https://github.com/zzc0721/torch-performance-test-data/issues/161 (Server Edition, "
+    "measured 8192^3 GEMM: BF16 417.34, FP16 406.97 TFLOPS; a floor of the dense peak)"
+)
 
 
 def _system(
@@ -202,6 +218,32 @@ def _hopper(
         compute_source=compute_source,
         unverified=unverified,
         notes=notes,
+    )
+
+
+def _rtx_pro_6000(
+    edition: str, products: tuple[str, ...], aliases: tuple[str, ...], *, measured: bool
+) -> GpuSpec:
+    """RTX PRO 6000 Blackwell (GB202, 96 GB GDDR7): every edition reports 97887 MiB. NVIDIA
+    publishes no dense tensor figure; the Server Edition's are a measured GEMM (a floor)."""
+    return _spec(
+        f"RTX-PRO-6000-Blackwell-{edition}-96GB",
+        97887,
+        _RTX_PRO_MEM,
+        products,
+        aliases,
+        bf16=417.34 * T if measured else None,
+        fp8=None,
+        fp16=406.97 * T if measured else None,
+        link_bw=None,
+        link="PCIe (no NVLink)",
+        system=_system("PCIe server" if measured else "workstation", 8 if measured else 4),
+        compute_source=f"{_RTX_PRO_GEMM}; {_RTX_PRO_SHEET}",
+        unverified=("bf16_flops", "fp16_flops") if measured else (),
+        notes="No published dense BF16/FP8/FP16 figure: "
+        + ("BF16/FP16 are measured GEMM throughput, below the peak" if measured else "None")
+        + ". MIG up to 4 x 24 GB (a slice: give its size). 'rtx-pro-6000' means the Server "
+        "Edition; every edition reports the same memory.",
     )
 
 
@@ -443,6 +485,21 @@ GPU_TABLE: tuple[GpuSpec, ...] = (
         system=_system("PCIe server", 8),
         compute_source=_L40,
         pcie=4,
+    ),
+    _rtx_pro_6000(
+        "Server",
+        ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",),
+        ("rtx-pro-6000-server", "rtx-pro-6000"),
+        measured=True,
+    ),
+    _rtx_pro_6000(
+        "Workstation",
+        (
+            "NVIDIA-RTX-PRO-6000-Blackwell-Workstation-Edition",
+            "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition",
+        ),
+        ("rtx-pro-6000-workstation", "rtx-pro-6000-max-q"),
+        measured=False,
     ),
     _spec(
         "T4-16GB",

@@ -47,7 +47,7 @@ def preset_names() -> list[str]:
 
 def known_model_types() -> list[str]:
     """``model_type`` values read exactly (multimodal wrappers included)."""
-    return sorted([*FAMILIES, *WRAPPERS])
+    return sorted([*FAMILIES, *WRAPPERS], key=str.lower)
 
 
 def preset(name: str) -> ModelSpec:

@@ -3,9 +3,10 @@
 Jobs name their model by a Hub id (``--model_name_or_path meta-llama/Meta-Llama-3-70B``), not
 by a file on the machine that judges them; so dssup ships the published configs as package
 data (``configs/``, sources in ``catalog.json``: repository, path, commit, and whether the file
-is a copy, a ``save_pretrained`` re-save or a third-party transcription) and answers a Hub id
-with the file, case-insensitively. The memory model stays free of I/O: this package reads the
-files and hands dicts to ``dssup.memory.model_from_hf_config``. Presets stay where they are
+is a copy, a ``save_pretrained`` re-save, transformers' printout of the loaded config, or a
+third-party transcription) and answers a Hub id with the file, case-insensitively. The memory
+model stays free of I/O: this package reads the files and hands dicts to
+``dssup.memory.model_from_hf_config``. Presets stay where they are
 (``dssup.memory.presets``); an id may point at one when the preset is checked against a file.
 """
 
@@ -27,9 +28,11 @@ class Source(BaseModel):
     """Where a shipped config comes from."""
 
     model_config = _FROZEN
-    kind: Literal["copy", "resave", "transcription", "preset"] = Field(
-        description="copy: the published file; resave: a save_pretrained copy; transcription: a "
-        "third-party transcription into code; preset: a dssup preset checked against this file"
+    kind: Literal["copy", "resave", "printed", "transcription", "preset"] = Field(
+        description="copy: the published file; resave: a save_pretrained copy; printed: the "
+        "config as transformers printed it after loading the published file (the serialization "
+        "save_pretrained writes), found in a log or document; transcription: a third-party "
+        "transcription into code; preset: a dssup preset checked against this file"
     )
     repo: str = Field(description="GitHub owner/name that holds the file")
     path: str = Field(description="path of the file in that repository")

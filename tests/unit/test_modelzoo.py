@@ -45,9 +45,10 @@ def test_every_entry_is_read() -> None:
             assert spec.model_dump(exclude={"name", "notes"}) == preset(e.preset).model_dump(
                 exclude={"name", "notes"}
             )
-        kinds = {"copy", "resave", "transcription", "preset"}
+        kinds = {"copy", "resave", "printed", "transcription", "preset"}
         assert e.source.kind in kinds
         assert (e.source.kind == "transcription") == any("transcription" in n for n in spec.notes)
+        assert (e.source.kind == "printed") == any("printed it" in n for n in spec.notes)
 
 
 def _arch(hub_id: str) -> dict[str, object]:
@@ -69,6 +70,13 @@ def _arch(hub_id: str) -> dict[str, object]:
         ],
         ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3.1"],
         ["Qwen/Qwen2.5-32B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"],
+        ["meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"],
+        ["meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"],
+        # the legacy-format copies and transformers-format transcriptions of the instruct models
+        ["tiiuae/falcon-7b", "tiiuae/falcon-7b-instruct"],
+        ["tiiuae/falcon-40b", "tiiuae/falcon-40b-instruct"],
+        # two transcriptions (no copy of either file was found)
+        ["google/gemma-2-2b", "google/gemma-2-2b-it"],
     ],
 )
 def test_variants_that_share_an_architecture(group: list[str]) -> None:
@@ -84,3 +92,15 @@ def test_variants_that_differ() -> None:
         _arch("mistralai/Mixtral-8x22B-Instruct-v0.1"),
     )
     assert (base["vocab"], inst["vocab"]) == (32000, 32768)
+
+
+def test_cli_and_webhook_read_a_registered_model_the_same() -> None:
+    """One reading (``dssup.modelio.registered_model``) behind ``--model`` and the webhook's
+    Hub-id lookup: the same spec, notes (preset, transcription, printed) included."""
+    from dssup.admission.modelid import known_model
+
+    for e in modelzoo.entries():
+        for hub in (i for i in e.ids if "/" in i):  # a job's bare "gpt2" may be a path
+            hit = known_model(f"hf://{hub}")
+            assert hit is not None and hit[1] == e.id, hub
+            assert hit[0] == load_model(hub), hub

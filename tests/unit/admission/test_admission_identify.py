@@ -356,7 +356,7 @@ def test_every_instance_map_product_is_in_the_gpu_table():
     from dssup.memory.gpus import gpu_for_product
 
     missing = {p for p in INSTANCE_GPUS.values() if gpu_for_product(p) is None}
-    assert missing <= {"NVIDIA-RTX-PRO-6000"}, missing  # not in the table: answered unknown-gpu
+    assert not missing, missing
 
 
 @pytest.mark.parametrize(

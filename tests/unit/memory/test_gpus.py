@@ -53,6 +53,11 @@ CAPTURED = {
     "Tesla-V100-PCIE-16GB": 16384,
     "Tesla-V100-PCIE-32GB": 32768,
     "AMD_Instinct_MI300X_OAM": 206141652992 // MiB,  # ROCm/legacy-rocm-build#4750
+    # lxc902/realtime-video-demo quantization/README.md @ b3ca90a ('... Workstation Edition,
+    # 97887 MiB'); Server and Max-Q captures read the same
+    "NVIDIA-RTX-PRO-6000-Blackwell-Workstation-Edition": 97887,
+    "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition": 97887,
+    "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition": 97887,
 }
 
 # The issue's list of "every common data-centre GPU": each must have a row.
@@ -60,7 +65,7 @@ REQUIRED = [
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "a100-40gb",
     "a100-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "a800", "h100-pcie", "h100-sxm",
     "h100-nvl", "h800", "h20", "h200", "h200-nvl", "gh200", "b200", "gb200", "l4", "l40",
-    "l40s", "t4", "a10", "a10g", "mi250x", "mi300x",
+    "l40s", "t4", "a10", "a10g", "mi250x", "mi300x", "rtx-pro-6000",
 ]  # fmt: skip
 
 
@@ -107,6 +112,11 @@ def test_short_names_mean_the_training_part_when_memory_agrees() -> None:
     assert h100 is not None and h100.name == "H100-SXM-80GB"
     assert h100.memory_mib == gpu_for_product("NVIDIA-H100-PCIe").memory_mib  # type: ignore[union-attr]
     assert h200 is not None and h200.memory_mib == find_gpu("h200-nvl").memory_mib  # type: ignore[union-attr]
+    rtx = find_gpu("rtx-pro-6000")
+    assert rtx is not None and rtx.name == "RTX-PRO-6000-Blackwell-Server-96GB"
+    assert rtx.memory_mib == find_gpu("rtx-pro-6000-max-q").memory_mib  # type: ignore[union-attr]
+    assert find_gpu("NVIDIA RTX PRO 6000 Blackwell Server Edition") is rtx  # nvidia-smi name
+    assert "bf16_flops" in rtx.unverified and rtx.fp8_flops is None  # measured, not published
 
 
 def test_sizes_need_a_unit_but_byte_counts_do_not() -> None:
