@@ -619,10 +619,18 @@ _HBM: dict[str, tuple[float, str]] = {
     "A10G-24GB": (600 * G, _NONE),
     "MI250X-GCD-64GB": (1638 * G, _NONE),
     "MI300X-192GB": (5300 * G, _NONE),
+    # RTX PRO 6000 Blackwell, every edition: 1792 GB/s GDDR7 (NVIDIA's product page figure)
+    **{
+        f"RTX-PRO-6000-Blackwell-{edition}-96GB": (1792 * G, _NONE)
+        for edition in ("Server", "Workstation")
+    },
 }
 
 
 def _with_hbm(spec: GpuSpec) -> GpuSpec:
+    """A row added without a bandwidth keeps none: the planner then asks for ``--hbm-tbs``."""
+    if spec.name not in _HBM:
+        return spec
     bw, src = _HBM[spec.name]
     unverified = spec.unverified + (("hbm_bytes_per_s",) if src == _NONE else ())
     return spec.model_copy(
