@@ -112,8 +112,14 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
 
     \b
     Examples:
-      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB
-      dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32
+      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB \\
+          --global-batch-size 1024
+      dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32 \\
+          --grad-accum 16
+      dssup estimate --model deepseek-v3 --tp 1 --pp 16 --ep 64 --gpus 2048 --schedule dualpipe \\
+          --layers-per-stage 3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 --global-batch-size 15360 --zero 1 \\
+          --precision fp8 --dtypes moments=bf16 --framework deepseek --recompute selective \\
+          --gpu-memory H800   # DeepSeek-V3 as trained (docs/memory-model.md)
       dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
           --global-batch-size 512 --recompute selective --json
       dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\

@@ -39,6 +39,11 @@ def _apply(options: list[Callable[[F], F]]) -> Callable[[F], F]:
     return deco
 
 
+def _choice(flag: str, choices: list[str], help: str) -> Callable[[F], F]:
+    """An optional choice whose default is decided downstream (and printed there)."""
+    return click.option(flag, type=click.Choice(choices), default=None, help=help)
+
+
 def model_options(fn: F) -> F:
     return _apply(
         [
@@ -197,25 +202,22 @@ def training_options(fn: F) -> F:
                 help="Fused attention (no s^2 scores) or the framework's unfused one. Default: "
                 "on for megatron, off for paper.",
             ),
-            click.option(
+            _choice(
                 "--attention",
-                type=click.Choice(["flash", "sdpa", "eager"]),
-                default=None,
-                help="Attention kernel: flash, sdpa (PyTorch; math path when q/k and v head "
+                ["flash", "sdpa", "eager"],
+                "Attention kernel: flash, sdpa (PyTorch; math path when q/k and v head "
                 "dims differ) or eager (stored probabilities). Default: by framework.",
             ),
-            click.option(
+            _choice(
                 "--framework",
-                type=click.Choice(["megatron", "deepseek", "deepspeed", "transformers"]),
-                default=None,
-                help="Training code whose kernels decide what is stored: loss, norms, SwiGLU, "
+                ["megatron", "deepseek", "deepspeed", "transformers"],
+                "Training code whose kernels decide what is stored: loss, norms, SwiGLU, "
                 "MTP, Adam (megatron convention; default megatron).",
             ),
-            click.option(
+            _choice(
                 "--loss",
-                type=click.Choice(["fused", "unfused"]),
-                default=None,
-                help="Cross-entropy: fused vocab-parallel, or unfused (FP32 log-softmax and "
+                ["fused", "unfused"],
+                "Cross-entropy: fused vocab-parallel, or unfused (FP32 log-softmax and "
                 "two FP32 gradients at the start of backward). Default: by framework.",
             ),
             click.option(
@@ -224,11 +226,10 @@ def training_options(fn: F) -> F:
                 help="Build the model's multi-token-prediction modules (default: megatron yes, "
                 "transformers and deepspeed no).",
             ),
-            click.option(
+            _choice(
                 "--optimizer",
-                type=click.Choice(["fused", "foreach", "forloop"]),
-                default=None,
-                help="Adam implementation: fused (no step temporaries), foreach (one "
+                ["fused", "foreach", "forloop"],
+                "Adam implementation: fused (no step temporaries), foreach (one "
                 "moment-sized temporary), forloop. Default: by framework.",
             ),
             click.option(

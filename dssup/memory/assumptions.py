@@ -97,10 +97,12 @@ def _conventional(m: ModelSpec, conv: Convention, training: Training, r: Resolve
             out.append("paper expert tokens: E_token = b*s*N_r/N spread over the EP group")
         return out
     wqr = "W_QR split by TP, " if m.mla is not None else ""
-    out = [
-        f"convention megatron: {wqr}vocabulary padded to 128*TP, FP32 logits "
-        "kept for the loss on the last stage"
-    ]
+    pad = (
+        "vocabulary padded to 128*TP"
+        if r.framework in ("megatron", "deepseek")
+        else "vocabulary as configured (not padded)"
+    )
+    out = [f"convention megatron: {wqr}{pad}, FP32 logits kept for the loss on the last stage"]
     if m.moe is not None:
         out.append(
             f"routed token-slots per rank b*s*N_r*ETP/TP x imbalance "

@@ -14,6 +14,8 @@ remedy depends on it (a smaller micro-batch does not fix an optimizer-step peak)
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from dssup.errors import ConfigError
 from dssup.memory.assumptions import assumptions
 from dssup.memory.config import Convention, Layout, Overheads, Training
@@ -35,7 +37,9 @@ from dssup.memory.validate import validate
 __all__ = ["estimate"]
 
 
+@lru_cache(maxsize=4096)
 def _params(split: Split) -> ParamCounts:
+    """(Cached: the result models are immutable and shared between estimates.)"""
     return ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe)
 
 
@@ -57,6 +61,9 @@ def _held(dev: PreparedDevice, counts: tuple[int, ...], t: Training) -> list[Hel
 
 
 def _terms(dev: PreparedDevice, t: Training) -> dict[str, int]:
+    b = t.micro_batch
+    if len(dev.stages) == 1:  # names are unique within a stage
+        return {x.name: x.bytes * b for x in dev.stages[0].terms[t.recompute]}
     out: dict[str, int] = {}
     for st in dev.stages:
         for x in st.terms[t.recompute]:

@@ -249,6 +249,9 @@ class _Search:
         self.allow_offload = allow_offload
         self.ov = req.overheads or Overheads()
         self.r: Resolved = resolve(req.convention, req.training, self.ov)
+        # Eager frameworks checkpoint whole layers only: no selective level to search.
+        eager = req.convention == "megatron" and self.r.framework in ("transformers", "deepspeed")
+        self.levels = tuple(rc for rc in req.recompute if not (eager and rc == "selective"))
         self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
         kinds = req.offloads or (("none", "optimizer", "both") if allow_offload else ("none",))
         if not allow_offload:
@@ -370,9 +373,8 @@ class _Search:
         rows: int,
     ) -> None:
         """Every (recompute, micro-batch) of one (ZeRO, offload) choice."""
-        req = self.req
         zero, off_opt, off_par = knobs.zero_stage, knobs.offload_optimizer, knobs.offload_params
-        deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
+        deepest = max(self.levels, key=RECOMPUTE_LEVELS.index)
         rows_st = self._rows(layout, groups, knobs, micro)
         key = (zero, off_opt, off_par, max(g.shard for g in rows_st))
         # Probe the least memory-hungry config (most recompute, smallest micro-batch):
@@ -381,12 +383,12 @@ class _Search:
         before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
         self._sweep(layout, rows_st, lc, key, deepest, micro[:1], rows)
         if self.gpu_fits == gpu_fits:
-            self.evaluated += len(req.recompute) * len(micro) - 1
+            self.evaluated += len(self.levels) * len(micro) - 1
             return
         del self.fitting[before:]  # the sweeps below evaluate it again
         self.gpu_fits, self.host_limited = gpu_fits, limited
         self.evaluated -= 1
-        for rc in req.recompute:
+        for rc in self.levels:
             self._sweep(layout, rows_st, lc, key, rc, micro, rows)
 
     def _sweep(
@@ -503,7 +505,7 @@ class _Search:
                         rc: {
                             rows // b: device_in_flight(g, layout, rc, rows // b)[0] for b in micro
                         }
-                        for rc in self.req.recompute
+                        for rc in self.levels
                     }
                     self._tables[key] = table
             out.append(

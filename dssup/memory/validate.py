@@ -120,13 +120,13 @@ _MODULE_NEEDS = {
 }
 
 
-def _check_recompute(m: ModelSpec, t: Training, r: Resolved | None) -> None:
-    if t.recompute_modules is not None and t.recompute != "selective":
+def _check_recompute(m: ModelSpec, t: Training, r: Resolved | None, planning: bool) -> None:
+    if t.recompute_modules is not None and t.recompute != "selective" and not planning:
         raise ConfigError(
             "recompute_modules", "only selective recompute reads it", "add --recompute selective"
         )
     for name in ("recompute_method", "recompute_num_layers"):
-        if getattr(t, name) is not None and t.recompute != "full":
+        if getattr(t, name) is not None and t.recompute != "full" and not planning:
             raise ConfigError(name, "only full recompute reads it", "add --recompute full")
     for module in t.recompute_modules or ():
         what, has = _MODULE_NEEDS.get(module, ("", lambda _m: True))
@@ -181,8 +181,9 @@ def validate(
     accumulation: bool = True,
 ) -> None:
     """Raise ``ConfigError`` for the first inconsistency between model, layout and training
-    (and, given the resolved settings ``r``, the framework). ``accumulation=False`` skips the
-    schedule's checks of ``training.grad_accum`` (the planner varies it itself)."""
+    (and, given the resolved settings ``r``, the framework). ``accumulation=False`` is the
+    planner's: it skips the checks of what it varies itself (``grad_accum`` against the
+    schedule, the recompute level the recompute settings belong to)."""
     _check_tp(m, layout)
     _check_experts(m, layout)
     _check_groups(layout)
@@ -200,6 +201,6 @@ def validate(
             "use a multiple of tp*cp or pass --no-sp",
         )
     _check_pipeline(m, layout, training, accumulation)
-    _check_recompute(m, training, r)
+    _check_recompute(m, training, r, planning=not accumulation)
     if r is not None:
         _check_framework(m, layout, training, r)

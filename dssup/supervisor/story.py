@@ -119,6 +119,23 @@ def _attempt_started(rec: dict[str, Any]) -> str:
     return f"Attempt {rec['attempt']}: {', '.join(parts)},{frm}."
 
 
+def _handoff(rec: dict[str, Any]) -> str:
+    ch = rec.get("channels") or {}
+
+    def how(knob: str) -> str:
+        c = ch.get(knob) or {}
+        return str(c.get("name")) if c.get("via", "none") != "none" else "nothing (not received)"
+
+    parts = [f"{label} by {how(k)}" for k, label in (
+        ("micro_batch", "micro-batch"), ("grad_accum", "accumulation"),
+        ("recompute", "recompute"), ("resume", "resume"))]  # fmt: skip
+    where = rec.get("checkpoint_dir") or "no checkpoint directory"
+    again = f" (updated after attempt {rec['after_attempt']})" if rec.get("after_attempt") else ""
+    text = (f"Hand-off{again} ({rec.get('launcher')}, framework {rec.get('framework')}): "
+            f"{'; '.join(parts)}; checkpoints in {where}.")  # fmt: skip
+    return text + "".join(f" Warning: {w}." for w in rec.get("warnings") or [])
+
+
 def _sentence(rec: dict[str, Any]) -> str | None:
     t = rec["type"]
     if t == "run-started":
@@ -130,9 +147,12 @@ def _sentence(rec: dict[str, Any]) -> str | None:
         if not f:
             return f"Attempt {rec['attempt']} finished successfully in {rec.get('duration_s')} s."
         where = f" on rank {f['rank']}" if f.get("rank") is not None else ""
+        where += f" in the {f['phase']} phase" if f.get("phase") else ""
         step = rec.get("checkpoint_step")
         saved = f"; latest checkpoint: step {step}" if step is not None else ""
         return f"Attempt {rec['attempt']} ended: {f['kind']}{where} ({clip(f['message'], 160)}){saved}."
+    if t == "handoff":
+        return _handoff(rec)
     if t == "job-report":
         said = "; ".join(describe_records(rec.get("records") or [])) or "no records"
         check = rec.get("batch") or {}
