@@ -69,7 +69,15 @@ def step_time_alone(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> f
         }
     )
     lc = fold_layout(
-        c, topo, m, lay, r.seq_len, stages, res.precision, recompute=recompute_spec(res)
+        c,
+        topo,
+        m,
+        lay,
+        r.seq_len,
+        stages,
+        res.precision,
+        recompute=recompute_spec(res),
+        framework=res.framework,
     )
     shard = max(states(st, flat, t, "megatron", res, Overheads()).ms.shard_params for st in stages)
     curve = cost_curve(c, lc, rc, r.zero, False, False, shard, res.precision)

@@ -116,6 +116,8 @@ def plan_cmd(
     EP and the schedule. A searched option you give pins the search: --micro-batch,
     --recompute, --zero, --offload (and, with --search-parallelism, --tp, --pp, --ep,
     --schedule, --vpp). --grad-accum follows from the global batch and is refused here.
+    --layers-per-stage with --search-parallelism is the split of the layouts with its own
+    PP (its entries, divided by --vpp) under 1F1B and DualPipe; other PPs split evenly.
     Step times are for the GPU's reference node (dssup gpus); every figure is printed.
 
     \b
@@ -141,6 +143,10 @@ def plan_cmd(
             "plan derives it from --global-batch-size, the micro-batch and DP",
             "drop it; pass --micro-batch to pin the micro-batch",
         )
+    if search_parallelism and o["layers_per_stage"] and "pp" not in given:
+        # the split names its own PP (one count per stage, per virtual stage with --vpp):
+        # the search uses it for that PP and VPP and splits other PPs evenly, unpinned
+        o["pp"] = max(1, len(o["layers_per_stage"].split(",")) // o["vpp"])
     stages = _stages(zero_stages, o["zero"] if "zero" in given else None)
     offloads: tuple[str, ...] | None = None
     if "offload" in given:

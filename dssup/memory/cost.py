@@ -41,12 +41,14 @@ from dssup.memory.topology import Topology
 
 __all__ = [
     "DEFAULT_RECOMPUTE",
+    "TP_OVERLAP",
     "CostModel",
     "LayoutCost",
     "RcPart",
     "RecomputeSpec",
     "bubble",
     "layout_cost",
+    "tp_overlap",
 ]
 
 
@@ -103,7 +105,13 @@ class CostModel(BaseModel):
         description="compute slowdown while communication is hidden "
         "behind it (DeepSeek-V3 report sec. 3.2.2: 20 of 132 SMs run communication)",
     )
-    tp_overlap: float = Field(0.5, ge=0, le=1, description="TP traffic hidden behind GEMMs")
+    tp_overlap: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="fraction of TP traffic hidden behind GEMMs; None: the framework's "
+        "(``TP_OVERLAP``: Megatron 0.5, every other framework 0)",
+    )
     ep_overlap: bool = Field(
         False,
         description="the expert all-to-all of one micro-batch runs behind another's compute "
@@ -138,6 +146,20 @@ class CostModel(BaseModel):
         description="parameters per second one host core updates with DeepSpeed's "
         "CPU Adam (DeepSpeed blog zenflow-corebinding: 0.77 B parameters in ~1.0 s on 64 cores)",
     )
+
+
+#: TP traffic hidden behind GEMMs when ``CostModel.tp_overlap`` is None, by framework. Megatron-Core
+#: with TransformerEngine overlaps the TP collectives with GEMMs (``tp_comm_overlap``, which
+#: Megatron-Bridge's performance recipes turn on whenever TP > 1); how much it hides is an
+#: assumption (half). No other framework publishes such an overlap (DeepSeek's avoids TP,
+#: DeepSeek-V3 report sec. 3.2; DualPipe hides EP and PP traffic, not TP), so there it is 0:
+#: assuming an overlap nobody documents would be the optimistic default.
+TP_OVERLAP: dict[str, float] = {"megatron": 0.5}
+
+
+def tp_overlap(cm: CostModel, framework: str) -> float:
+    """The fraction of TP traffic hidden: the model's setting, else the framework's."""
+    return cm.tp_overlap if cm.tp_overlap is not None else TP_OVERLAP.get(framework, 0.0)
 
 
 class RecomputeSpec(NamedTuple):
@@ -190,6 +212,7 @@ def layout_cost(
     precision: Precision,
     imbalance: float = 1.0,
     recompute: RecomputeSpec = DEFAULT_RECOMPUTE,
+    framework: str = "megatron",
 ) -> LayoutCost:
     """Fold everything that depends only on the layout (``act_bytes_per_seq``: the stored
     activations of the largest device at b = 1, from the memory model). The slowest device sets
@@ -212,7 +235,7 @@ def layout_cost(
     moe = w.slots * slot_s
     dual = layout.schedule == "dualpipe" and layout.pp > 1
     sm = cm.comm_sm_fraction
-    hide = (cm.tp_overlap, 0.0, cm.cp_overlap, cm.pp_overlap)
+    hide = (tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap)
     modules, method, n_layers = recompute
     chunks = layout.vpp if layout.schedule == "interleaved" else 1
     per_chunk = w.layers / chunks if w.layers else 1.0

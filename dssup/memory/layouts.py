@@ -17,7 +17,7 @@ train MoE models with (DeepSeek-V3: PP16 DualPipe). What is searched:
   (``overlap_moe_expert_parallel_comm``), is ``CostModel.ep_overlap`` on 1F1B/interleaved.
 
 CP, ETP and sequence parallelism are kept as given; an explicit ``layers_per_stage`` stays with
-its own PP, schedule and VPP (other choices split evenly); and every field named in ``fixed`` is (``tp``, ``pp``, ``ep``, ``schedule``, ``vpp``): an option the user
+its own PP and VPP, under any schedule with that many chunks (other choices split evenly); and every field named in ``fixed`` is (``tp``, ``pp``, ``ep``, ``schedule``, ``vpp``): an option the user
 states pins the search instead of being silently replaced.
 """
 
@@ -68,7 +68,9 @@ def search_layouts(
                     continue
                 common = {"tp": tp, "pp": pp, "dp": dp, "ep": ep}
                 for schedule, vpp in _schedules(m, base, pp, max_vpp, fixed, dualpipe):
-                    own = (pp, schedule, vpp) == (base.pp, base.schedule, base.vpp)
+                    # a given split is one layer count per model chunk: it fits every
+                    # searched layout with its PP and VPP (1F1B and DualPipe alike)
+                    own = (pp, vpp) == (base.pp, base.vpp)
                     split = base.layers_per_stage if own else None
                     yield base.model_copy(
                         update={

@@ -287,6 +287,7 @@ class _Search:
             self.r.precision,
             imb,
             recompute_spec(self.r),
+            self.r.framework,
         )
 
     def _knobs(self, zero: int, off_opt: bool, off_par: bool, accum: int | None) -> Training:

@@ -38,6 +38,7 @@ def fold_layout(
     precision: Precision,
     imbalance: float = 1.0,
     recompute: RecomputeSpec = DEFAULT_RECOMPUTE,
+    framework: str = "megatron",
 ) -> LayoutCost:
     """``layout_cost`` from the memory model's prepared devices: the largest device's
     parameters (DualPipe: both of its stages) and the most activation bytes a sequence stores
@@ -47,7 +48,18 @@ def fold_layout(
     share = 2 if layout.schedule == "dualpipe" and layout.pp > 1 else 1
     acts = max(sum(st.acts["none"] for st in d.stages) // share for d in devices)
     return layout_cost(
-        cm, topo, m, layout, seq, acts, split.non_moe, split.moe, precision, imbalance, recompute
+        cm,
+        topo,
+        m,
+        layout,
+        seq,
+        acts,
+        split.non_moe,
+        split.moe,
+        precision,
+        imbalance,
+        recompute,
+        framework,
     )
 
 
@@ -84,6 +96,7 @@ def step_time(
         r.precision,
         training.moe_imbalance,
         recompute_spec(r),
+        r.framework,
     )
     shard = max(states(d, layout, training, convention, r, ov).ms.shard_params for d in devices)
     curve = cost_curve(
