@@ -29,7 +29,7 @@ from dssup.memory.schedule import check_micro_batches
 from dssup.memory.spec import ModelSpec
 from dssup.memory.steptime import fold_layout, recompute_spec
 from dssup.memory.topology import Topology, default_topology
-from dssup.memory.validate import divisors, validate
+from dssup.memory.validate import check_split, divisors, validate
 
 __all__ = ["Candidate", "PlanRequest", "PlanResult", "plan"]
 
@@ -137,6 +137,14 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
             )
         yield base.model_copy(update={"dp": world // mp})
         return
+    if base.layers_per_stage is not None:  # else every layout of its PP is skipped unseen
+        check_split(m, base.layers_per_stage)
+        if world % (base.pp * base.cp):
+            raise ConfigError(
+                "layers_per_stage",
+                f"its {base.pp} pipeline stages (cp {base.cp}) do not divide {world} GPUs",
+                "give one layer count per stage of a PP that divides the GPU count",
+            )
     dualpipe = req.training.framework == "deepseek"
     yield from search_layouts(m, base, world, req.max_tp, req.max_vpp, req.fixed, dualpipe)
 

@@ -37,13 +37,26 @@ def invoke(*args: str) -> tuple[int, str, str]:
         (["--offload", "optimizer", "--gpu", "h800"], "--host-cores"),
         (["--micro-batch", "3"], "--micro-batch: 3 does not divide the 8 sequences per DP rank"),
         (["--search-parallelism", "--tp", "16"], "--tp: no valid layout for 8 GPUs with --tp 16"),
+        (["--tp", "3"], "--world-size: 8 GPUs is not a multiple of tp*pp*cp=3"),
+        (["--recompute", "partial"], "'--recompute': 'partial' is not one of"),
+        (["--search-parallelism", "--layers-per-stage", "4,4"],
+         "--layers-per-stage: sums to 8, the model has 32 layers"),
+        (["--layers-per-stage", "4,x"], "--layers-per-stage: cannot read '4,x'"),
     ],
-)
+)  # fmt: skip
 def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
-    code, _, err = invoke(*L8, "--gpu-memory", "H100", *args)
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], err
+    """In a real process (what a user sees): one line naming the flag and the fix, exit 2."""
+    out = subprocess.run(
+        [sys.executable, "-m", "dssup", *L8, "--gpu-memory", "H100", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr
+    assert not out.stdout.strip(), out.stdout
 
 
 @pytest.mark.parametrize(
@@ -96,6 +109,33 @@ def test_searched_options_pin_the_search() -> None:
         for c in rows
     )
     assert {c["layout"]["ep"] for c in rows} != {1}  # EP is still searched
+
+
+def test_a_split_names_its_own_pp_without_pinning_the_search() -> None:
+    """--layers-per-stage with --search-parallelism: the layouts with the split's PP (1F1B and
+    DualPipe) use it, other PPs are still searched and split evenly."""
+    split = "2,4,4,4,4,4,4,4,2"  # Mixtral's 32 layers over 9 stages: PP 9
+    code, _, err = invoke(
+        "plan", "--model", "mixtral-8x7b", "--gpus", "64", "--global-batch-size", "256",
+        "--gpu-memory", "H100", "--search-parallelism", "--layers-per-stage", split, "--json",
+    )  # fmt: skip
+    assert code == 2 and "--layers-per-stage" in err  # 9 stages do not divide 64 GPUs
+    split = "5,4,4,4,4,4,4,3"
+    code, out, err = invoke(
+        "plan", "--model", "mixtral-8x7b", "--gpus", "64", "--global-batch-size", "256",
+        "--gpu-memory", "H100", "--search-parallelism", "--layers-per-stage", split,
+        "--json", "--top", "100000",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert {c["layout"]["pp"] for c in rows} - {8}  # PP is not pinned by the split
+    used = 0
+    for c in rows:
+        lay = c["layout"]
+        own = (lay["pp"], lay["vpp"]) == (8, 1)
+        assert lay["layers_per_stage"] == ([5, 4, 4, 4, 4, 4, 4, 3] if own else None), lay
+        used += own
+    assert used
 
 
 def test_explain_prints_every_term_and_every_hardware_figure() -> None:

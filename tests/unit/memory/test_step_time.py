@@ -242,3 +242,39 @@ def test_topology_of_a_node_label_never_fails() -> None:
     assert h100 is not None and h100.gpu == "H100-SXM-80GB"
     assert topology_of("NVIDIA-A10G") is None
     assert topology_of("no-such-gpu") is None and topology_of(None) is None
+
+
+def test_tp_overlap_follows_the_framework() -> None:
+    """Megatron overlaps TP collectives with GEMMs (TransformerEngine ``tp_comm_overlap``);
+    a framework that publishes no such overlap (DeepSeek's) leaves its TP traffic exposed,
+    unless the cost model states an overlap."""
+    m = preset("deepseek-v2-lite")
+    lay = Layout(tp=2, ep=8, dp=32)
+    meg = Training(seq_len=4096, grad_accum=8, zero_stage=1)
+    ds = meg.model_copy(update={"framework": "deepseek"})
+    exposed_meg = step_time(m, lay, meg, H100)["comm.tp_ep_cp_pp"]
+    exposed_ds = step_time(m, lay, ds, H100)["comm.tp_ep_cp_pp"]
+    assert exposed_ds > exposed_meg > 0
+    stated = step_time(m, lay, ds, H100, CostModel(tp_overlap=0.5))["comm.tp_ep_cp_pp"]
+    assert stated == pytest.approx(exposed_meg, rel=1e-12)
+    tp1 = Layout(ep=8, dp=64)  # no TP traffic: the framework's overlap changes nothing
+    assert step_time(m, tp1, ds, H100)["total"] == pytest.approx(
+        step_time(m, tp1, ds, H100, CostModel(tp_overlap=0.5))["total"], rel=1e-12
+    )
+
+
+def test_a_split_serves_every_schedule_of_its_pp() -> None:
+    """A given split (one layer count per stage) is used by 1F1B and DualPipe at its PP, not by
+    interleaved schedules or other PPs, which split evenly."""
+    from dssup.memory.layouts import search_layouts
+
+    m = preset("deepseek-v2-lite")  # 27 layers
+    split = (6, 7, 7, 7)
+    base = Layout(pp=4, layers_per_stage=split)
+    seen = set()
+    for lay in search_layouts(m, base, 64, 8, 8, (), dualpipe=True):
+        own = (lay.pp, lay.vpp) == (4, 1)
+        assert lay.layers_per_stage == (split if own else None), lay
+        if own:
+            seen.add(lay.schedule)
+    assert seen == {"1f1b", "dualpipe"}

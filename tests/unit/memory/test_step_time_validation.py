@@ -74,3 +74,10 @@ def test_held_out_recipes_are_as_close_as_the_fitted_ones() -> None:
     held = [abs(r.error) for r in rows if not r.fit]
     assert fitted and held
     assert max(held) <= 0.30 and max(fitted) <= 0.30
+
+
+def test_deepseek_v3_on_h800_ranks_its_published_layout_in_the_top_5() -> None:
+    """Issue 16's own point: DeepSeek-V3 on 2048 H800 (TP1, PP16 DualPipe, EP64, ZeRO-1) is in
+    the top 5 of the parallelism search (at margin 0: it uses 78.0 of the H800's 79.6 GiB)."""
+    r = _results()["deepseek-v3-2048xh800-fp8"]
+    assert r.fits and r.rank is not None and r.rank <= 5, r
