@@ -89,14 +89,16 @@ class CostModel(BaseModel):
         gt=0,
         le=1,
         description="achieved fraction of the per-direction NVLink figure "
-        "(DeepSeek-V3 report sec. 3.2.2: 160 of 200 GB/s on H800)",
+        "(DeepSeek-V3 report sec. 3.2.2 gives NVLink 160 GB/s on its H800 nodes; the GPU "
+        "table has 200 GB/s per direction)",
     )
     nic_efficiency: float = Field(
         0.92,
         gt=0,
         le=1,
-        description="achieved fraction of the NIC line rate (NVIDIA/nccl-tests#290: 46-48 GB/s "
-        "per 400 Gb/s NIC)",
+        description="achieved fraction of the NIC line rate: 46 of 50 GB/s per 400 Gb/s NIC, "
+        "below the 'up to 48-49 GB/s' NVIDIA gives for a CX-7 NIC at 400 Gb/s "
+        "(NVIDIA/nccl-tests#267) and 24 GB/s per 200 Gb/s NIC (NVIDIA/nccl-tests#119)",
     )
     comm_sm_fraction: float = Field(
         20 / 132,
