@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dssup.memory import PlanResult
 from dssup.memory.comm import links
-from dssup.memory.cost import CostModel
+from dssup.memory.cost import CostModel, tp_overlap
 
 __all__ = ["render_explain", "render_hardware"]
 
@@ -55,9 +55,26 @@ def render_explain(res: PlanResult, row: int, cm: CostModel | None = None) -> st
     lines.append(f"  {total:10.3f} s  100.0%  total")
     lines.append("communication per step before overlap (s):")
     lines.append("  " + ", ".join(f"{k} {v:.3f}" for k, v in c.traffic.items() if v) or "  none")
-    lines += render_placement(res, row, cm or CostModel())
+    cm = cm or CostModel()
+    lines.append(
+        _overlaps(cm, t.framework or "megatron", lay.schedule == "dualpipe" and lay.pp > 1)
+    )
+    lines += render_placement(res, row, cm)
     lines += render_hardware(res)
     return "\n".join(lines)
+
+
+def _overlaps(cm: CostModel, framework: str, dual: bool) -> str:
+    """The overlap assumptions behind the exposed traffic (docs/step-time.md)."""
+    tp = tp_overlap(cm, framework)
+    why = "stated" if cm.tp_overlap is not None else f"framework {framework}"
+    if dual:
+        ep = "EP and PP ride DualPipe's overlapped chunks up to their compute"
+    elif cm.ep_overlap:
+        ep = f"EP behind another micro-batch's compute, PP {cm.pp_overlap:.0%}"
+    else:
+        ep = f"EP not hidden, PP {cm.pp_overlap:.0%}"
+    return f"overlap assumed: TP {tp:.0%} hidden ({why}), CP {cm.cp_overlap:.0%}, {ep}"
 
 
 def render_placement(res: PlanResult, row: int, cm: CostModel) -> list[str]:

@@ -149,6 +149,7 @@ def test_explain_prints_every_term_and_every_hardware_figure() -> None:
     for figure in ("gpus_per_node = 8", "bf16_flops = 989.4 TFLOP/s", "host_cpu_cores = 112"):
         assert figure in out
     assert "(GPU table H100-SXM-80GB" in out
+    assert "overlap assumed: TP 50% hidden (framework megatron)" in out
     code, out, _ = invoke(*L8, "--gpu-memory", "H100", "--host-cores", "16", "--explain", "1")
     assert "host_cpu_cores = 16 (set on the command line)" in out
 
