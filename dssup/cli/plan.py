@@ -146,7 +146,14 @@ def plan_cmd(
     if search_parallelism and o["layers_per_stage"] and "pp" not in given:
         # the split names its own PP (one count per stage, per virtual stage with --vpp):
         # the search uses it for that PP and VPP and splits other PPs evenly, unpinned
-        o["pp"] = max(1, len(o["layers_per_stage"].split(",")) // o["vpp"])
+        entries = len(o["layers_per_stage"].split(","))
+        if entries % o["vpp"]:
+            raise ConfigError(
+                "--layers-per-stage",
+                f"{entries} entries do not make whole stages of --vpp {o['vpp']} chunks",
+                "give one layer count per model chunk: PP x VPP entries",
+            )
+        o["pp"] = entries // o["vpp"]
     stages = _stages(zero_stages, o["zero"] if "zero" in given else None)
     offloads: tuple[str, ...] | None = None
     if "offload" in given:

@@ -42,6 +42,8 @@ def invoke(*args: str) -> tuple[int, str, str]:
         (["--search-parallelism", "--layers-per-stage", "4,4"],
          "--layers-per-stage: sums to 8, the model has 32 layers"),
         (["--layers-per-stage", "4,x"], "--layers-per-stage: cannot read '4,x'"),
+        (["--search-parallelism", "--layers-per-stage", "8,8,8,7,1", "--vpp", "2"],
+         "--layers-per-stage: 5 entries do not make whole stages of --vpp 2 chunks"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
