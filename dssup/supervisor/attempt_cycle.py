@@ -20,8 +20,8 @@ from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attem
 from dssup.jobreport import ReportRecord
 from dssup.supervisor.adapters import assessments
 from dssup.supervisor.aftermath import journal_report, kept_global_batch, rank0_output
-from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
-from dssup.supervisor.checkpoints import find_latest
+from dssup.supervisor.attempt import AttemptResult, AttemptSpec, build_spec, run_attempt
+from dssup.supervisor.checkpoints import CheckpointRef, find_latest
 from dssup.supervisor.jobview import JobView
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.loopbase import SupervisorBase
@@ -75,13 +75,10 @@ class AttemptCycle(SupervisorBase):
         result: AttemptResult = retrying(self._attempt, journal, state)
         return result
 
-    def _attempt(self, journal: Journal, state: RunState) -> AttemptResult:
-        if self._signal is not None:  # told to stop during a backoff: launch nothing
-            now, sig = time.time(), self._signal
-            stop = Failure(
-                kind=FailureKind.INTERRUPTED, signal=sig, message="stopped between attempts"
-            )
-            return AttemptResult(-sig, stop, now, now, time.monotonic(), [])
+    def _prepare(
+        self, journal: Journal, state: RunState
+    ) -> tuple[int, CheckpointRef | None, AttemptSpec]:
+        """The next attempt's number, the checkpoint it resumes from, and its launch spec."""
         number = journal.next_attempt()
         resume = find_latest(
             self.config.checkpoint_dir, self.config.checkpoint_pattern, state.plan.dp
@@ -99,6 +96,16 @@ class AttemptCycle(SupervisorBase):
             adapters=self.adapters,
             view=self.view,
         )
+        return number, resume, spec
+
+    def _attempt(self, journal: Journal, state: RunState) -> AttemptResult:
+        if self._signal is not None:  # told to stop during a backoff: launch nothing
+            now, sig = time.time(), self._signal
+            stop = Failure(
+                kind=FailureKind.INTERRUPTED, signal=sig, message="stopped between attempts"
+            )
+            return AttemptResult(-sig, stop, now, now, time.monotonic(), [])
+        number, resume, spec = self._prepare(journal, state)
         if self.view is not None:
             self._say(self.view.attempt_line(number, state.plan, resume))
             hint = self.view.checkpoint_hint(
