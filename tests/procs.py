@@ -17,13 +17,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["processes_with_token_prefix", "reap", "run_reaped"]
+__all__ = ["processes_with_token_prefix", "reap", "reap_tokens", "run_reaped"]
 
 
 def processes_with_token_prefix(prefix: str) -> list[int]:
@@ -56,26 +56,39 @@ def _run_ids(run_dir: Path | None) -> list[str]:
     return sorted(ids)
 
 
-def reap(proc: subprocess.Popen[str], run_dir: Path | None = None, grace: float = 30.0) -> None:
-    """Stop ``proc`` (started with ``start_new_session=True``) and everything it started."""
-    if proc.poll() is None:
+def _signal(proc: subprocess.Popen[Any], sig: int) -> None:
+    """``sig`` to ``proc``'s session (started with ``start_new_session=True``), else to it."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, sig)
+
+
+def reap_tokens(run_dirs: Iterable[Path]) -> list[int]:
+    """SIGKILL every live process of the runs journalled in ``run_dirs``; returns their pids."""
+    ids = [run_id for run_dir in run_dirs for run_id in _run_ids(run_dir)]
+    killed = [pid for run_id in ids for pid in processes_with_token_prefix(f"{run_id}/")]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(processes_with_token_prefix(f"{r}/") for r in ids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return killed
+
+
+def reap(proc: subprocess.Popen[Any], run_dir: Path | None = None, grace: float = 30.0) -> None:
+    """Stop ``proc`` and everything it started: SIGTERM (dssup and torchrun stop their
+    workers), SIGKILL after ``grace``, then whatever still carries the run's tokens."""
+    if proc.poll() is None:
+        _signal(proc, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    _signal(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
-    for run_id in _run_ids(run_dir):
-        for pid in processes_with_token_prefix(f"{run_id}/"):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while any(processes_with_token_prefix(f"{r}/") for r in _run_ids(run_dir)):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    reap_tokens([run_dir] if run_dir else [])
 
 
 def run_reaped(
