@@ -37,6 +37,8 @@ RETRIED = frozenset({FailureKind.TRANSIENT, FailureKind.COMM})
 
 
 class AttemptCycle(SupervisorBase):
+    """The attempt half of ``Supervisor`` (see the module docstring)."""
+
     def _with_transient_retries(self, journal: Journal, state: RunState) -> AttemptResult:
         left = max(0, self.config.transient_retries - state.transient_in_row)
         budget = max(1, min(left + 1, self.config.max_attempts - state.attempts))
