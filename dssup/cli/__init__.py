@@ -23,6 +23,7 @@ for _name in (
     "webhook",
     "admit",
     "measure",
+    "calibrate",
     "elastic",
 ):
     try:

@@ -22,6 +22,7 @@ from functools import lru_cache
 from dssup.memory.config import Convention, Recompute
 from dssup.memory.profile import EagerProfile
 from dssup.memory.spec import ModelSpec
+from dssup.memory.traced import TracedProfile
 
 __all__ = ["Ctx", "Term", "keep", "layer_terms", "stage_io_terms", "term"]
 
@@ -52,7 +53,7 @@ class Ctx:
     etp: int
     imbalance: float
     vocab: int
-    profile: EagerProfile | None = None  # eager implementation profile (replaces the terms)
+    profile: EagerProfile | TracedProfile | None = None  # trace-derived (replaces the terms)
 
 
 def term(name: str, group: str, value: float) -> Term:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dssup.memory.config import Convention, Layout, Training
 from dssup.memory.defaults import Resolved
 from dssup.memory.spec import ModelSpec
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import traced_assumptions
 
 __all__ = ["assumptions"]
 
@@ -73,6 +75,8 @@ def assumptions(
 ) -> list[str]:
     out = _conventional(m, conv, training) + _common(layout, training, r)
     prof = training.implementation
+    if isinstance(prof, TracedProfile):
+        return traced_assumptions(prof, m, layout, training) + out
     if prof is not None:
         out.insert(
             0,

@@ -16,9 +16,11 @@ from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_term
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.defaults import Resolved
 from dssup.memory.params import Split
-from dssup.memory.profile import eager_constant, eager_tail, eager_terms
+from dssup.memory.profile import EagerProfile, eager_constant, eager_tail, eager_terms
 from dssup.memory.spec import ModelSpec
 from dssup.memory.stages import StageParams, padded_vocab, partition, stage_params
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import stored_terms
 from dssup.memory.zero import ModelStates, model_states
 
 __all__ = [
@@ -80,6 +82,9 @@ class PreparedStage:
 
 
 def _terms(c: Ctx, m: ModelSpec, sp: StageParams) -> tuple[Term, ...]:
+    if isinstance(c.profile, TracedProfile):  # traced: what the blocks keep (for the report)
+        found = stored_terms(c.profile, sp.dense_layers, sp.moe_layers, c.s, c.s_full, c.t)
+        return tuple(Term(name, group, b) for name, group, b in found)
     if c.profile is not None:  # eager: measured per layer kind and recompute level
         edge = sp.first or sp.last
         found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
@@ -110,7 +115,7 @@ def prepare(
 
 def _tail(c: Ctx) -> dict[Recompute, int] | None:
     """Per-sample end-of-backward bytes of an eager profile that has the term."""
-    if c.profile is None:
+    if not isinstance(c.profile, EagerProfile):
         return None
     found = {rc: eager_tail(c.profile, rc, c.s, c.t) for rc in RECOMPUTE_LEVELS}
     return {rc: v[0] for rc, v in found.items() if v is not None} or None
@@ -161,6 +166,8 @@ def states(
     if t.zero_stage == 3:
         live = min(ov.zero3_max_live_parameters, st.params.largest_layer + ov.zero3_prefetch_bucket)
         ws = r.precision.weights * live
+    if isinstance(t.implementation, TracedProfile):
+        return _traced_states(t, ms, ws)
     if t.implementation is not None:
         return _eager_states(st, t, ms, ws)
     transient = r.optimizer_transient_per_param * ms.shard_params
@@ -170,13 +177,27 @@ def states(
     return States(ms, ms.weights + ms.gradients + ms.optimizer, ws, transient, host)
 
 
+def _traced_states(t: Training, ms: ModelStates, ws: int) -> States:
+    """Traced profile: like eager, gradients exist from backward to the optimizer step only
+    (unless accumulating); the replay adds everything else (``traced_stage``)."""
+    p = t.implementation
+    assert isinstance(p, TracedProfile)  # checked by the caller; not input validation
+    grads_fb = ms.gradients if t.grad_accum > 1 else 0
+    opt_tmp = math.ceil(p.optimizer_transient_per_param * ms.shard_params)
+    host = ms.host + (opt_tmp if t.offload_optimizer else 0)
+    if t.offload_optimizer:
+        opt_tmp = 0
+    static = ms.weights + ms.optimizer + grads_fb
+    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host)
+
+
 def _eager_states(st: PreparedStage, t: Training, ms: ModelStates, ws: int) -> States:
     """Eager PyTorch: gradients exist only from backward to the optimizer step (unless
     accumulating), so in forward/backward they are not part of ``static``; they and the
     optimizer temporaries make up the optimizer-step transient. Batch-independent saved bytes
     (autocast weight copies, the head gradient at the backward peak) join the working set."""
     p = t.implementation
-    assert p is not None  # checked by the caller; not input validation
+    assert isinstance(p, EagerProfile)  # checked by the caller; not input validation
     grads_fb = 0 if (p.grads_freed_between_steps and t.grad_accum == 1) else ms.gradients
     edge = st.params.first or st.params.last
     sp = st.params

@@ -11,6 +11,8 @@ the right remedy depends on it (a smaller micro-batch does not fix an optimizer-
 
 from __future__ import annotations
 
+import math
+
 from dssup.memory.activations import keep
 from dssup.memory.assumptions import assumptions
 from dssup.memory.config import Convention, Layout, Overheads, Training
@@ -25,8 +27,11 @@ from dssup.memory.core import (
     states,
 )
 from dssup.memory.defaults import Resolved, resolve
+from dssup.memory.params import model_total
 from dssup.memory.result import Estimate, ParamCounts, StageBytes, StageEstimate
 from dssup.memory.spec import ModelSpec
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import check_profile, traced_stage, without_untraced_mtp
 from dssup.memory.validate import validate
 
 __all__ = ["estimate"]
@@ -43,6 +48,16 @@ def _stage(
     if tail is not None:  # eager: the end of backward can top the start (optimizer offloaded)
         fb = max(fb, tail)
     opt = s.static + s.transient
+    if isinstance(t.implementation, TracedProfile):  # the user's own step, replayed
+        sp = st.params
+        ts = traced_stage(
+            t.implementation, layout, t, sp.dense_layers, sp.moe_layers, sp.first, sp.last,
+            s.ms.gradients,
+        )  # fmt: skip
+        per_mb = ts.forward_backward(t.micro_batch, 1)[0]
+        acts = ts.forward_backward(t.micro_batch, math.ceil(count * factor))[0]
+        fb = s.static + acts + s.working_set + r.comm_buffer_bytes
+        opt += ts.batch(t.micro_batch)
     frag, total = finish(max(fb, opt), r, ov)
     b = t.micro_batch
     sbytes = StageBytes(
@@ -83,6 +98,10 @@ def estimate(
 ) -> Estimate:
     """Per-GPU memory of every pipeline stage; the peak stage; whether it fits."""
     validate(model, layout, training)
+    notes: list[str] = []
+    if isinstance(training.implementation, TracedProfile):
+        model, notes = without_untraced_mtp(model, training.implementation)
+        check_profile(training.implementation, model_total(model, "megatron"), training.recompute)
     ov = overheads or Overheads()
     r = resolve(convention, training, ov)
     prepared = prepare(model, layout, training, convention, r)
@@ -100,5 +119,5 @@ def estimate(
         gpu_memory_bytes=gpu_memory_bytes,
         fits=None if gpu_memory_bytes is None else peak_bytes <= gpu_memory_bytes,
         headroom_bytes=None if gpu_memory_bytes is None else gpu_memory_bytes - peak_bytes,
-        assumptions=assumptions(model, layout, training, convention, r),
+        assumptions=notes + assumptions(model, layout, training, convention, r),
     )

@@ -23,6 +23,13 @@ from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.params import model_total
 from dssup.memory.spec import ModelSpec
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import (
+    TracedStage,
+    check_profile,
+    traced_stage,
+    without_untraced_mtp,
+)
 from dssup.memory.validate import divisors, validate
 
 __all__ = ["Candidate", "PlanRequest", "PlanResult", "plan"]
@@ -145,11 +152,28 @@ class _Row(NamedTuple):
     shard: int
     tail: dict[Recompute, int] | None  # eager end of backward: per-sample bytes by level
     tail_base: int  # eager end of backward: batch-independent bytes (with static, buffers)
+    traced: dict[Recompute, TracedStage] | None = None  # traced profile: replay by level
 
 
 def _tail(row: _Row, rc: Recompute) -> tuple[int, int]:
     """(per-sample, batch-independent) end-of-backward bytes of ``row``; (0, -1) without."""
     return (row.tail[rc], row.tail_base) if row.tail is not None else (0, -1)
+
+
+def _levels(req: PlanRequest) -> tuple[Recompute, ...]:
+    """Recompute levels to plan: a traced profile's own (a level it lacks is not planned)."""
+    prof = req.training.implementation
+    if not isinstance(prof, TracedProfile):
+        return req.recompute
+    levels = tuple(rc for rc in req.recompute if rc in prof.levels)
+    if not levels:
+        raise ConfigError(
+            "--recompute",
+            f"none of {', '.join(req.recompute)} is in the profile (traced: "
+            f"{', '.join(prof.levels)})",
+            "plan the levels the profile holds, or calibrate them",
+        )
+    return levels
 
 
 class _Search:
@@ -162,6 +186,7 @@ class _Search:
         self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
         self.active = _active_params(req.model)
         self.evaluated = 0
+        self.levels = _levels(req)
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
 
@@ -178,7 +203,7 @@ class _Search:
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
         offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
-        deepest = max(req.recompute, key=RECOMPUTE_LEVELS.index)
+        deepest = max(self.levels, key=RECOMPUTE_LEVELS.index)
         for zero in req.zero_stages:
             for off_opt, off_par in offloads:
                 if off_par and zero != 3:
@@ -198,11 +223,11 @@ class _Search:
                 args = (rows, gpu_params)
                 self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
                 if len(self.fitting) == before:
-                    self.evaluated += len(req.recompute) * len(micro) - 1
+                    self.evaluated += len(self.levels) * len(micro) - 1
                     continue
                 del self.fitting[before:]  # the sweeps below evaluate it again
                 self.evaluated -= 1
-                for rc in req.recompute:
+                for rc in self.levels:
                     self._sweep(
                         layout, rows_st, zero, off_opt, off_par, rc, micro, rows, gpu_params
                     )
@@ -231,6 +256,12 @@ class _Search:
             (g, g.fixed, g.depth, g.acts[rc] * g.factor, g.base_fb, g.opt, *_tail(g, rc))
             for g in rows_st
         ]
+        if rows_st[0].traced is not None:  # a traced profile: the replay, not the linear terms
+            if rc in rows_st[0].traced:
+                self._traced_sweep(
+                    layout, rows_st, zero, off_opt, off_par, rc, micro, rows, gpu_params
+                )
+            return
         req = self.req
         curve = cost_curve(
             req.cost,
@@ -279,6 +310,49 @@ class _Search:
             break
         self.evaluated += min(len(micro), i + 1)
 
+    def _traced_sweep(
+        self,
+        layout: Layout,
+        rows_st: list[_Row],
+        zero: int,
+        off_opt: bool,
+        off_par: bool,
+        rc: Recompute,
+        micro: list[int],
+        rows: int,
+        gpu_params: int,
+    ) -> None:
+        """``_sweep`` for a traced profile: each stage's peak from ``TracedStage`` (as in
+        ``estimate``); slower than the linear loop, same answers."""
+        r, ov, req = self.r, self.ov, self.req
+        curve = cost_curve(
+            req.cost, layout.pp, layout.vpp, layout.dp, layout.world_size, req.training.seq_len,
+            rc, zero, off_opt, off_par, self.active, gpu_params, req.global_batch,
+            r.precision.weights, r.precision.gradients,
+        )  # fmt: skip
+        for b in micro:
+            m = rows // b
+            best, row, fb_best, opt_best = -1, rows_st[0], 0, 0
+            for g in rows_st:
+                assert g.traced is not None  # every row of a traced request has it
+                ts = g.traced[rc]
+                count = g.fixed or (g.depth if g.depth < m else m)
+                fb = g.base_fb + ts.forward_backward(b, math.ceil(count * g.factor))[0]
+                opt = g.opt + ts.batch(b)
+                if max(fb, opt) > best:
+                    best, row, fb_best, opt_best = max(fb, opt), g, fb, opt
+            total = best + math.ceil(best * r.fragmentation) + r.cuda_context_bytes
+            total += ov.calibration_bytes
+            phase = "forward-backward" if fb_best >= opt_best else "optimizer-step"
+            hit = (0.0, total, layout, (zero, b, off_opt, off_par, rc), row.stage, phase, m,
+                   row.shard, gpu_params)  # fmt: skip
+            self.evaluated += 1
+            if total <= self.budget:
+                seconds = sum(cost_at(curve, b, m, row.shard))
+                self.fitting.append((seconds, *hit[1:]))
+            elif self.closest is None or total < self.closest[1]:
+                self.closest = hit
+
     def _rows(self, layout: Layout, groups: list[PreparedStage], knobs: Training) -> list[_Row]:
         out = []
         pp, sched = layout.pp, layout.schedule
@@ -286,6 +360,22 @@ class _Search:
         fixed = 1 if pp == 1 else (pp + 1 if sched == "dualpipe" else 0)
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
+            traced = None
+            if isinstance(knobs.implementation, TracedProfile):
+                sp, prof = g.params, knobs.implementation
+                traced = {
+                    rc: traced_stage(
+                        prof,
+                        layout,
+                        knobs.model_copy(update={"recompute": rc}),
+                        sp.dense_layers,
+                        sp.moe_layers,
+                        sp.first,
+                        sp.last,
+                        s.ms.gradients,
+                    )
+                    for rc in self.levels
+                }
             out.append(
                 _Row(
                     g.index,
@@ -298,6 +388,7 @@ class _Search:
                     s.ms.shard_params,
                     g.tail if s.tail is not None else None,
                     s.static + (s.tail or 0) + self.r.comm_buffer_bytes,
+                    traced,
                 )
             )
         return out
@@ -341,6 +432,11 @@ class _Search:
 
 def plan(req: PlanRequest) -> PlanResult:
     """Every config in the search space that fits, ranked by the cost model (``cost.py``)."""
+    prof = req.training.implementation
+    if isinstance(prof, TracedProfile):
+        model, _ = without_untraced_mtp(req.model, prof)
+        check_profile(prof, model_total(model, "megatron"), next(iter(prof.levels)))
+        req = req.model_copy(update={"model": model})
     search = _Search(req)
     for layout in _layouts(req):
         if req.global_batch % layout.dp == 0:
