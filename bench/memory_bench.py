@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from dssup.memory import GiB, Layout, PlanRequest, Training, estimate, plan, preset
+from dssup.memory import GiB, Layout, PlanRequest, Precision, Training, estimate, plan, preset
 
 V3 = preset("deepseek-v3")
 LAYOUT = Layout(tp=2, pp=16, ep=8, dp=32)
@@ -37,6 +37,22 @@ def bench_estimate() -> float:
         f"estimate  DeepSeek-V3 16 stages: median {med:.3f} ms, p90 "
         f"{sorted(runs)[int(0.9 * len(runs))] * 1e3:.3f} ms (goal < 1 ms; first call with a "
         f"new layout {cold[0] * 1e3:.2f} ms)"
+    )
+    # DeepSeek-V3 as trained (docs/memory-model.md): DualPipe, two stages per device.
+    split = (3, *(4,) * 14, 2)
+    dual = Layout(tp=1, pp=16, ep=64, dp=128, schedule="dualpipe", layers_per_stage=split)
+    recipe = Training(
+        seq_len=4096,
+        grad_accum=120,
+        zero_stage=1,
+        precision=Precision(moments=2, cache_fp8=True),
+        framework="deepseek",
+        recompute="selective",
+    )
+    estimate(V3, dual, recipe)
+    runs = timed(lambda: estimate(V3, dual, recipe), 300)
+    print(
+        f"estimate  DeepSeek-V3 DualPipe recipe, 16 devices: median {statistics.median(runs) * 1e3:.3f} ms"
     )
     return med
 

@@ -5,9 +5,10 @@ Three ways to meet the same failure, on this machine's CPUs (2 gloo ranks):
 1. ``dssup run``: rank 1 dies of an OOM at micro-batch 8; dssup classifies it, halves the
    micro-batch (accumulation doubled, global batch exact) and relaunches. Measured per run:
    worker death -> attempt stopped (with fast fail, dssup kills the attempt at the rank's
-   error file; with ``--no-fast-fail``, torchrun's own teardown), torchrun exit -> next torchrun
-   spawned (**dssup's overhead**: straggler check, evidence, classification, planning,
-   journal, spawn), and death -> relaunch. Goal: under 1 s.
+   error file, or, for a worker without ``@record``, at the traceback on its stderr; with
+   ``--no-fast-fail``, torchrun's own teardown), torchrun exit -> next torchrun spawned
+   (**dssup's overhead**: straggler check, evidence, classification, planning, journal,
+   spawn), and death -> relaunch. Goal: under 1 s, with and without ``@record``.
 2. ``torchrun --max-restarts 3`` on the same failure: it relaunches the same command, which
    dies the same way each time, and finally fails.
 3. ``accelerate.find_executable_batch_size`` semantics (re-implemented here: accelerate is not
@@ -37,9 +38,10 @@ WORKER = str(HERE / "supervisor_oom_worker.py")
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 
 
-def dssup_once(tmp: Path, fast_fail: bool = True) -> dict[str, float]:
+def dssup_once(tmp: Path, fast_fail: bool = True, record: bool = True) -> dict[str, float]:
     run = tmp / "run"
-    env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "death")}
+    env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "death"),
+           "BENCH_NO_RECORD": "0" if record else "1"}  # fmt: skip
     t0 = time.time()
     res = subprocess.run(
         [str(BIN / "dssup"), "run", "--quiet", "--run-dir", str(run), "--global-batch-size", "16",
@@ -62,10 +64,15 @@ def dssup_once(tmp: Path, fast_fail: bool = True) -> dict[str, float]:
     }
 
 
+def _with(record: bool) -> str:
+    return "with @record" if record else "without @record"
+
+
 def torchrun_max_restarts(tmp: Path, restarts: int = 3, timeout: float = 300) -> dict[str, Any]:
     """torchrun's own restarts. Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, torch 2.13's
     restarted workers hung in init_process_group here (seen: 11 minutes), so it is set."""
     env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "tr-death"), "BENCH_MB": "8",
+           "BENCH_START_FILE": str(tmp / "tr-start"),
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # fmt: skip
     t0 = time.time()
     proc = subprocess.Popen([*TORCHRUN, "--max-restarts", str(restarts), WORKER], env=env,
@@ -80,8 +87,14 @@ def torchrun_max_restarts(tmp: Path, restarts: int = 3, timeout: float = 300) ->
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
         code = f"hung after {timeout:.0f} s"
-    deaths = sorted(tmp.glob("tr-death.*"))
-    return {"exit_code": code, "oom_deaths": len(deaths), "total_s": time.time() - t0}
+
+    def times(prefix: str) -> dict[int, float]:
+        return {int(p.suffix[1:]): float(p.read_text()) for p in tmp.glob(f"{prefix}.*")}
+
+    deaths, starts = times("tr-death"), times("tr-start")
+    gaps = [starts[n + 1] - deaths[n] for n in deaths if n + 1 in starts]
+    return {"exit_code": code, "oom_deaths": len(deaths), "total_s": time.time() - t0,
+            "death_to_relaunch_s": statistics.median(gaps) if gaps else float("nan")}  # fmt: skip
 
 
 ACCELERATE_CHILD = r"""
@@ -137,28 +150,34 @@ def main() -> None:
     p.add_argument("--cap-mib", type=int, default=56, help="address-space budget (accelerate)")
     p.add_argument("--no-fast-fail", action="store_true", help="let torchrun tear down first")
     args = p.parse_args()
-    rows = []
-    for i in range(args.runs):
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(dssup_once(Path(tmp), fast_fail=not args.no_fast_fail))
-        print(
-            f"dssup run {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items()),
-            flush=True,
-        )
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    meds = {}
+    for record in (True, False):
+        rows = []
+        for i in range(args.runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                rows.append(dssup_once(Path(tmp), not args.no_fast_fail, record))
+            row = ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items())
+            print(f"dssup run {i + 1} ({_with(record)}): {row}", flush=True)
+        meds[record] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     with tempfile.TemporaryDirectory() as tmp:
         tr = torchrun_max_restarts(Path(tmp))
     acc = accelerate_semantics(args.cap_mib)
     print()
-    print(f"dssup run (median of {args.runs}): recovered in {med['attempts']:.0f} attempts; "
-          f"worker death -> attempt stopped {med['death_to_attempt_stopped_s'] * 1000:.0f} ms "
-          f"({'torchrun teardown' if args.no_fast_fail else 'fast fail: dssup kills at the error file'}), "
-          f"torchrun exit -> relaunch {med['dssup_overhead_s'] * 1000:.0f} ms "
-          f"(dssup overhead, goal < 1000 ms), death -> relaunch "
-          f"{med['death_to_relaunch_s'] * 1000:.0f} ms; whole run {med['total_s']:.1f} s; "
-          "global batch 16 -> 16")  # fmt: skip
+    for record, med in meds.items():
+        how = (
+            "torchrun teardown"
+            if args.no_fast_fail
+            else "fast fail: dssup kills at the " + ("error file" if record else "stderr traceback")
+        )
+        print(f"dssup run {_with(record)} (median of {args.runs}): recovered in "
+              f"{med['attempts']:.0f} attempts; worker death -> attempt stopped "
+              f"{med['death_to_attempt_stopped_s'] * 1000:.0f} ms ({how}), "
+              f"torchrun exit -> relaunch {med['dssup_overhead_s'] * 1000:.0f} ms "
+              f"(dssup overhead), death -> relaunch {med['death_to_relaunch_s'] * 1000:.0f} ms "
+              f"(goal < 1000 ms); whole run {med['total_s']:.1f} s; global batch 16 -> 16")  # fmt: skip
     print(f"torchrun --max-restarts 3: exit {tr['exit_code']}, the same OOM {tr['oom_deaths']} "
-          f"times, never recovers; {tr['total_s']:.1f} s")  # fmt: skip
+          f"times, never recovers; its own restart: death -> the relaunched worker started "
+          f"{tr['death_to_relaunch_s'] * 1000:.0f} ms (median); {tr['total_s']:.1f} s")  # fmt: skip
     if "error" in acc:
         print(f"accelerate semantics: failed: {acc['error']}")
     else:

@@ -5,7 +5,8 @@ Failures that are part of normal operation (a job that OOMs, a denied admission)
 
     DssupError
     ├── ConfigError            bad user input: names the field and the fix (CLI exit 2)
-    │   └── UnknownPreset      a model preset name that does not exist
+    │   ├── UnknownPreset      a model preset name that does not exist
+    │   └── UnknownModelType   a config.json whose model_type dssup does not read exactly
     ├── EstimateError          a valid config the memory model cannot evaluate
     ├── NoFeasiblePlan         the planner found no config that fits
     ├── LaunchError            the child command could not be started (CLI exit 126/127)
@@ -28,6 +29,7 @@ __all__ = [
     "MalformedReview",
     "NoFeasiblePlan",
     "RetriesExhausted",
+    "UnknownModelType",
     "UnknownPreset",
 ]
 
@@ -51,6 +53,11 @@ class ConfigError(DssupError, ValueError):
 
 class UnknownPreset(ConfigError):
     """A model preset name that dssup does not ship."""
+
+
+class UnknownModelType(ConfigError):
+    """A config whose architecture dssup cannot read exactly (unknown ``model_type``, a config
+    format that is not Hugging Face's): the model cannot be judged, it is not a wrong value."""
 
 
 class EstimateError(DssupError):

@@ -1,70 +1,168 @@
-"""Load a model description from where users keep it: a preset name, a config.json, a folder.
+"""Load a model description from where users keep it: a config.json, a folder, a Hub id, a preset.
 
 This is the one place that reads model files, so the memory model itself stays free of I/O.
-Errors name the path and say what to pass instead.
+The order is: an existing path (file or folder), a Hub id the registry ships
+(``dssup.modelzoo``), a preset name. Every failure is one ``--model`` line that says what was
+found and what to pass instead: a binary file, JSON that is not a model config, DeepSeek's own
+inference config, an unknown ``model_type``.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dssup import modelzoo
 from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, model_from_hf_config, preset, preset_names
 
-__all__ = ["load_model", "read_config"]
+__all__ = ["load_model", "model_names", "read_config", "registered_model"]
+
+FLAG = "--model"
+_MAX_BYTES = 16 << 20  # a config.json is kilobytes; weights are gigabytes
+_FIX = "pass the model's Hugging Face config.json (or its folder), a Hub id from `dssup models`, or a preset"
+_SIZE_KEYS = ("hidden_size", "n_embd", "d_model", "dim", "text_config")
+
+
+def model_names() -> list[str]:
+    """Everything ``--model`` accepts by name: Hub ids of the registry and presets."""
+    return sorted(
+        {i for e in modelzoo.entries() for i in e.ids} | set(preset_names()), key=str.lower
+    )
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > _MAX_BYTES:
+            raise ConfigError(FLAG, f"{path} is {size:,} bytes, not a config.json", _FIX)
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            FLAG, f"{path} cannot be read ({exc.strerror})", "check the path"
+        ) from exc
+    if b"\x00" in raw[:8192]:
+        raise ConfigError(FLAG, f"{path} is a binary file, not a JSON config", _FIX)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(FLAG, f"{path} is not UTF-8 text, not a JSON config", _FIX) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
-            str(path),
-            f"not valid JSON ({exc.msg} at line {exc.lineno})",
-            "pass a Hugging Face config.json",
-        ) from exc
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot be read ({exc.strerror})", "check the path") from exc
+            FLAG, f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})", _FIX
+        ) from None
 
 
-def read_config(source: str | Path) -> tuple[dict[str, Any], Path]:
-    """The contents of a config.json (or of the one in a folder) and the file read."""
+def _flagged(exc: ConfigError, label: str) -> ConfigError:
+    """A config's error restated as one ``--model`` line naming the config and its field."""
+    return type(exc)(FLAG, f"{label}: {exc.field}: {exc.problem}", exc.fix)
+
+
+def _from_config(cfg: Any, label: str, name: str, approximate_as: str | None) -> ModelSpec:
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(FLAG, f"{label} holds a JSON {type(cfg).__name__}, not a config", _FIX)
+    if not any(k in cfg for k in _SIZE_KEYS) and "model_type" not in cfg:
+        keys = ", ".join(sorted(cfg)[:5]) or "nothing"
+        raise ConfigError(FLAG, f"{label} is not a model config.json (it has {keys})", _FIX)
+    try:
+        return model_from_hf_config(cfg, name=name, approximate_as=approximate_as)
+    except ConfigError as exc:
+        if exc.field == "approximate_as":
+            raise
+        raise _flagged(exc, label) from None
+
+
+# What an estimate from a registry file that is not the published file itself says about it.
+_KIND_NOTES = {
+    "transcription": "config from a third-party transcription ({repo}), not a verbatim copy of "
+    "the published file",
+    "printed": "config as transformers printed it after loading the published file ({repo}; "
+    "the serialization save_pretrained writes), not the file itself",
+}
+
+
+def registered_model(entry: modelzoo.Entry, approximate_as: str | None = None) -> ModelSpec:
+    """The ``ModelSpec`` of a registry entry (``dssup.modelzoo``), named by its Hub id: its
+    preset, or its shipped ``config.json`` read exactly. A preset, a transcription or a printed
+    config says so in the notes. The one reading of a registered model, for ``--model`` and
+    the webhook alike; errors are ``model_from_hf_config``'s (``UnknownModelType`` for a
+    ``model_type`` dssup does not read)."""
+    if entry.preset is not None:
+        spec = preset(entry.preset)
+        note = f"{entry.id}: the {entry.preset} preset ({entry.note})"
+        return spec.model_copy(update={"name": entry.id, "notes": (*spec.notes, note)})
+    spec = model_from_hf_config(
+        modelzoo.load_config(entry), name=entry.id, approximate_as=approximate_as
+    )
+    kind = _KIND_NOTES.get(entry.source.kind)
+    if kind is None:
+        return spec
+    note = f"{entry.id}: " + kind.format(repo=entry.source.repo)
+    return spec.model_copy(update={"notes": (*spec.notes, note)})
+
+
+def _not_found(text: str) -> ConfigError:
+    close = difflib.get_close_matches(text.lower(), [n.lower() for n in model_names()], n=3)
+    names = {n.lower(): n for n in model_names()}
+    hint = f"did you mean {', '.join(names[c] for c in close)}? " if close else ""
+    return ConfigError(
+        FLAG,
+        f"{text!r} is neither a file nor a model dssup knows",
+        f"{hint}pass a config.json path, a Hub id from `dssup models` (e.g. "
+        f"meta-llama/Meta-Llama-3-70B) or a preset ({', '.join(preset_names())})",
+    )
+
+
+def read_config(source: str | Path, flag: str = "--hf") -> tuple[dict[str, Any], Path]:
+    """The contents of a config.json (or of the one in a folder) and the file read; errors name
+    ``flag``, the option the path came from."""
     path = Path(str(source)).expanduser()
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
         raise ConfigError(
-            str(source), "is not a config.json or a folder holding one", "check the path"
+            flag, f"{source} is not a config.json or a folder holding one", "check the path"
         )
-    doc = _read_json(path)
+    try:
+        doc = _read_json(path)
+    except ConfigError as exc:
+        raise ConfigError(flag, exc.problem, exc.fix) from None
     if not isinstance(doc, dict):
-        raise ConfigError(str(path), "is not a JSON object", "pass a Hugging Face config.json")
+        raise ConfigError(flag, f"{path} is not a JSON object", "pass a Hugging Face config.json")
     return doc, path
 
 
-def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
-    """A ``ModelSpec`` from a preset name, a config.json path, a folder holding one, or a dict."""
+def load_model(
+    source: str | Path | Mapping[str, Any], approximate_as: str | None = None
+) -> ModelSpec:
+    """A ``ModelSpec`` from a config.json path, a folder holding one, a registered Hub id, a
+    preset name, or a dict; ``approximate_as`` reads an unknown ``model_type`` as a named family."""
     if isinstance(source, Mapping):
-        return model_from_hf_config(source)
-    text = str(source)
+        return _from_config(source, "config", "custom", approximate_as)
+    text = str(source).strip()
     path = Path(text).expanduser()
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise ConfigError(
-                "model",
-                f"{path.parent} has no config.json",
-                "pass the model folder that holds config.json, or a preset name",
-            )
+            raise ConfigError(FLAG, f"{path.parent} has no config.json", _FIX)
     if path.is_file():
-        return model_from_hf_config(_read_json(path), name=path.parent.name or path.stem)
-    if text.endswith(".json") or "/" in text:
-        raise ConfigError(
-            "model",
-            f"{text} does not exist",
-            f"pass an existing config.json or one of {', '.join(preset_names())}",
-        )
-    return preset(text)  # raises UnknownPreset naming the presets
+        label = str(path)
+        return _from_config(_read_json(path), label, path.parent.name or path.stem, approximate_as)
+    entry = modelzoo.find(text)
+    if entry is not None:
+        try:
+            return registered_model(entry, approximate_as)
+        except ConfigError as exc:
+            if exc.field == "approximate_as":
+                raise
+            raise _flagged(exc, entry.id) from None
+    if text.endswith(".json") or text.startswith(("/", "./", "../", "~")):
+        raise ConfigError(FLAG, f"{text} does not exist", _FIX)
+    if text.lower() in preset_names():
+        if approximate_as is not None:
+            raise ConfigError("approximate_as", "presets are read exactly", "drop --approximate-as")
+        return preset(text)
+    raise _not_found(text)

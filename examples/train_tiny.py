@@ -4,6 +4,9 @@ It shows the whole contract in ~200 lines:
 
 * the plan comes from ``dssup.runtime.read_plan`` (``DSSUP_MICRO_BATCH_SIZE``, ...) with the
   script's own flags as defaults, so it runs the same with and without ``dssup run``;
+* it reports what it really trains with (``dssup.runtime.report``: micro-batch, accumulation,
+  global batch, the step it resumes from, each checkpoint, completion), so dssup can say the
+  global batch was verified by the job;
 * the data order depends only on the global step and the global batch, never on the
   micro-batch: step ``s`` consumes samples ``[s*GB, (s+1)*GB)``, each rank its contiguous share,
   so a run resumed at a smaller micro-batch sees exactly the same samples;
@@ -39,6 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dssup.runtime import clean_exit, memory_cap, read_plan
 from dssup.runtime.checkpoint import load_checkpoint, save_checkpoint
+from dssup.runtime.report import report_checkpoint, report_started
 
 VOCAB = 256
 
@@ -177,6 +181,10 @@ def main() -> None:
     capped = args.memory_cap_ranks == "all" or str(rank) in args.memory_cap_ranks.split(",")
     if args.memory_cap_mib and capped:
         memory_cap(args.memory_cap_mib << 20)
+    report_started(
+        micro_batch=mb, grad_accum=gas, dp=world, global_batch=gb, first_step=start,
+        resumed_from=plan.resume_from, recompute=plan.recompute,
+    )  # fmt: skip
     log = {"rank": rank, "attempt": plan.attempt, "mb": mb, "gas": gas, "gb": gb, "start": start}
     print("train_tiny start " + json.dumps(log), flush=True)
     for step in range(start, args.steps):
@@ -185,12 +193,14 @@ def main() -> None:
             print(f"step {step} seq {seq_len_at(args, step)} loss {loss:.4f}", flush=True)
         done = step + 1
         if ckpt_root is not None and (done % args.checkpoint_every == 0 or done == args.steps):
-            save_checkpoint(ckpt_root, done, ddp, opt)
+            path = save_checkpoint(ckpt_root, done, ddp, opt)
+            if rank == 0:
+                report_checkpoint(done, path)
     if rank == 0 and args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), args.out)
         print(f"train_tiny done at {time.strftime('%H:%M:%S')} weights {args.out}", flush=True)
-    clean_exit(dist)
+    clean_exit(dist, step=args.steps)
 
 
 if __name__ == "__main__":

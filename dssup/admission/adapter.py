@@ -45,8 +45,11 @@ class Adapter:
                 warnings=("dssup: internal error while judging; allowed",),
             )
 
-    def handle(self, mode: Mode, body: bytes) -> tuple[int, bytes]:
-        """(HTTP status, response body) for one POST."""
+    def handle(
+        self, mode: Mode, body: bytes, parsed: list[AdmissionRequest] | None = None
+    ) -> tuple[int, bytes]:
+        """(HTTP status, response body) for one POST. ``parsed`` receives the request once it
+        is read (a caller waiting with a deadline can then answer for it)."""
         start = time.perf_counter()
         try:
             req = parse_review(body)
@@ -55,6 +58,8 @@ class Adapter:
                 "", "error", "malformed-review", time.perf_counter() - start
             )
             return 400, json.dumps({"error": str(exc)}).encode()
+        if parsed is not None:
+            parsed.append(req)
         decision = self.decide(req, mode)
         try:
             out = self._encode(req, decision, mode, start)
@@ -64,6 +69,15 @@ class Adapter:
         if len(body) <= KEEP_BODY_MAX:
             self.policy.leftovers.keep(req)  # freed by ``tidy``, once the answer is on its way
         return 200, out
+
+    def fail_open(self, req: AdmissionRequest, mode: Mode, seconds: float) -> bytes:
+        """The answer for a request not judged within ``seconds``: allowed, with a warning."""
+        warning = f"dssup: not judged within {seconds:g} s (a very large object); allowed"
+        decision = Decision(
+            allowed=True, code="deadline-exceeded", message=warning, warnings=(warning,)
+        )
+        log.warning("judgement over the deadline", extra={"uid": req.uid, "kind": req.kind})
+        return self._encode(req, decision, mode, time.perf_counter())
 
     def tidy(self) -> None:
         """Free what the answers so far left behind (their parsed requests, evicted memo

@@ -83,7 +83,7 @@ def parse_layout(text: str) -> dict[str, int | bool]:
             )
         if key == "sp":
             out[key] = value.lower() in {"1", "true", "yes", "on"}
-        elif value.isdigit() and int(value) >= 1:
+        elif value.isascii() and value.isdigit() and int(value) >= 1:
             out[key] = int(value)
         else:
             raise ConfigError(LAYOUT, f"{key}={value!r} is not a positive integer", "use e.g. tp=2")

@@ -27,7 +27,7 @@ def _tokens(path: str) -> list[str]:
 def _index(container: list[Any], token: str, *, append: bool) -> int:
     if append and token == "-":  # noqa: S105 (the RFC 6902 end-of-array marker)
         return len(container)
-    if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
+    if not (token.isascii() and token.isdigit()) or (len(token) > 1 and token[0] == "0"):
         raise PatchError(f"bad array index {token!r}")
     i = int(token)
     if i > len(container) or (not append and i == len(container)):

@@ -18,9 +18,10 @@ from typing import Any
 
 from dssup.admission.view import ContainerView
 
-__all__ = ["ArgvEditor", "Hit", "find_launch", "list_ops"]
+__all__ = ["MAX_SCRIPT", "ArgvEditor", "Hit", "find_launch", "list_ops"]
 
 _FIELDS = ("command", "args")
+MAX_SCRIPT = 32 << 10  # launch-line elements longer than this are not scanned (bounded time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,8 @@ def _find(
         for key, val, i, form in _scan(items, names):
             hits.append(Hit(key, val, fname, i, form))
         for i, elem in enumerate(items):
+            if len(elem) > MAX_SCRIPT:
+                continue
             if _is_script(elem) and any(n in elem for n in names):
                 for key, val, _, _ in _scan(_split(elem), names):
                     hits.append(Hit(key, val, fname, i, "script"))

@@ -2,7 +2,10 @@
 
 No framework on the hot path: the webhook reads the raw body (bounded by ``max_body_bytes``,
 answering 413 past it), checks method (405), path (404) and content type (415), and hands the
-bytes to the ``Adapter``. Health answers ``/healthz`` (the process serves), ``/readyz`` (caches
+bytes to the ``Adapter``. A review is judged on the event loop when its body is small (the
+common case: microseconds); a body over ``offload_bytes`` is judged on a worker thread so that
+other connections keep being answered, and an answer not ready ``deadline_s`` after it arrived
+is an allowed one with a warning (fail open, well inside the apiserver's 2 s timeout). Health answers ``/healthz`` (the process serves), ``/readyz`` (caches
 synced, certificate loaded, not draining) and ``/metrics`` (Prometheus text format).
 """
 
@@ -11,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dssup.admission.adapter import Adapter
 from dssup.admission.policy import Mode
+from dssup.admission.wire import AdmissionRequest
 
 __all__ = ["HealthApp", "WebhookApp"]
 
@@ -51,9 +56,33 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 class WebhookApp:
     """``POST /mutate``, ``POST /validate`` (enforcing) and ``POST /warn`` (warnings only)."""
 
-    def __init__(self, adapter: Adapter, max_body_bytes: int = 8 << 20) -> None:
+    def __init__(
+        self,
+        adapter: Adapter,
+        max_body_bytes: int = 8 << 20,
+        *,
+        offload_bytes: int = 64 << 10,
+        deadline_s: float = 1.0,
+    ) -> None:
         self.adapter = adapter
         self.max_body_bytes = max_body_bytes
+        self.offload_bytes = offload_bytes
+        self.deadline_s = deadline_s
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dssup-judge")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _judge_off_loop(self, mode: Mode, body: bytes) -> tuple[int, bytes]:
+        parsed: list[AdmissionRequest] = []
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, self.adapter.handle, mode, body, parsed)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.deadline_s)
+        except TimeoutError:
+            if not parsed:  # still reading the JSON: the answer needs its uid
+                return await future
+            return 200, self.adapter.fail_open(parsed[0], mode, self.deadline_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -72,12 +101,20 @@ class WebhookApp:
         if ctype != b"application/json":
             return await _reply(send, 415, _error("content type must be application/json"))
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+        if (
+            length is not None
+            and length.isascii()
+            and length.isdigit()
+            and int(length) > self.max_body_bytes
+        ):
             return await _reply(send, 413, _error(f"body over {self.max_body_bytes} bytes"))
         body = await self._body(receive)
         if body is None:
             return await _reply(send, 413, _error(f"body over {self.max_body_bytes} bytes"))
-        status, out = self.adapter.handle(mode, body)
+        if len(body) > self.offload_bytes:
+            status, out = await self._judge_off_loop(mode, body)
+        else:
+            status, out = self.adapter.handle(mode, body)
         await _reply(send, status, out)
         # After the write is flushed (``corked.py`` flushes with call_soon, which runs first):
         # freeing what the review left behind is then in no request's latency.

@@ -16,20 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dssup.admission.nodegpu import node_gpu
+
 __all__ = ["RUNTIME_KINDS", "ClusterCache", "GpuNodeInfo", "InMemoryCache"]
 
-GPU_PRODUCT = "nvidia.com/gpu.product"
-GPU_MEMORY = "nvidia.com/gpu.memory"
-GPU_REPLICAS = "nvidia.com/gpu.replicas"
 RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 
 
 @dataclass(frozen=True, slots=True)
 class GpuNodeInfo:
-    """What GPU Feature Discovery says about the GPUs of one product across the cluster."""
+    """What the GPU labellers (NVIDIA GFD, AMD's ROCm node labeller; ``nodegpu.py``) say about
+    the GPUs of one product across the cluster."""
 
     product: str
-    memory_mib: int  # smallest ``nvidia.com/gpu.memory`` among nodes of this product
+    memory_mib: int  # smallest labelled memory among nodes of this product
     replicas: int  # largest time-slicing ``nvidia.com/gpu.replicas`` (1 = not shared)
     nodes: int
 
@@ -57,9 +57,21 @@ def _name(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-def _digits(value: Any, default: int) -> int:
-    text = str(value or "").strip()
-    return int(text) if text.isdigit() else default
+def _match(labels: Mapping[str, str], key: str, op: str, values: tuple[str, ...]) -> bool:
+    """One node-selector requirement (the operators of core/v1 NodeSelectorRequirement)."""
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt") and values and key in labels:
+        a, b = labels[key], values[0]
+        if a.isascii() and a.isdigit() and b.isascii() and b.isdigit():
+            return int(a) > int(b) if op == "Gt" else int(a) < int(b)
+    return False
 
 
 class InMemoryCache:
@@ -67,6 +79,7 @@ class InMemoryCache:
 
     def __init__(self, *, synced: bool = True) -> None:
         self._nodes: dict[str, tuple[str, int, int]] = {}
+        self._node_labels: dict[str, Mapping[str, str]] = {}  # GPU nodes only
         self._gpu: dict[str, GpuNodeInfo] | None = None
         self._config_maps: dict[tuple[str, str], Mapping[str, str]] = {}
         self._runtimes: dict[tuple[str, str, str], Mapping[str, Any]] = {}
@@ -90,14 +103,15 @@ class InMemoryCache:
         ns, name = _name(obj)
         if kind == "Node":
             labels = _labels(obj)
-            product = str(labels.get(GPU_PRODUCT, ""))
-            before = self._nodes.get(name)
-            if product:
-                memory = _digits(labels.get(GPU_MEMORY), 0)
-                self._nodes[name] = (product, memory, max(1, _digits(labels.get(GPU_REPLICAS), 1)))
+            gpu = node_gpu(labels)
+            before = (self._nodes.get(name), self._node_labels.get(name))
+            if gpu is not None:
+                self._nodes[name] = gpu
+                self._node_labels[name] = {str(k): str(v) for k, v in labels.items()}
             else:
                 self._nodes.pop(name, None)
-            if before != self._nodes.get(name):
+                self._node_labels.pop(name, None)
+            if before != (self._nodes.get(name), self._node_labels.get(name)):
                 self._gpu = None
                 self._generation += 1
         elif kind == "ConfigMap":
@@ -119,6 +133,7 @@ class InMemoryCache:
         gone: object = None
         if kind == "Node":
             gone = self._nodes.pop(name, None)
+            self._node_labels.pop(name, None)
             self._gpu = None
         elif kind == "ConfigMap":
             gone = self._config_maps.pop((namespace, name), None)
@@ -128,19 +143,43 @@ class InMemoryCache:
         if gone is not None:
             self._generation += 1
 
-    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
-        """The result of a fresh LIST: build the new state aside, then swap it in (readers on
-        the event loop never see a half-filled cache)."""
+    def replace_all(
+        self,
+        kind: str,
+        objects: list[Mapping[str, Any]],
+        namespace: str | None = None,
+        label: str | None = None,
+    ) -> None:
+        """The result of a fresh LIST (of one ``namespace`` when given; of the Nodes carrying
+        label key ``label`` when given, as one label-selected watch sees them): build the new
+        state aside, then swap it in (readers on the event loop never see a half-filled cache)."""
         fresh = InMemoryCache()
         for obj in objects:
             fresh.upsert({**obj, "kind": kind})
         if kind == "Node":
-            self._nodes, self._gpu = fresh._nodes, None
+
+            def listed(labels: Mapping[str, str]) -> bool:
+                return label is None or label in labels
+
+            kept = {n for n, lbl in self._node_labels.items() if not listed(lbl)}
+            mine = {n for n, lbl in fresh._node_labels.items() if listed(lbl)}
+            self._nodes = {
+                **{n: self._nodes[n] for n in kept},
+                **{n: fresh._nodes[n] for n in mine},
+            }
+            self._node_labels = {
+                **{n: self._node_labels[n] for n in kept},
+                **{n: fresh._node_labels[n] for n in mine},
+            }
+            self._gpu = None
+        elif kind == "ConfigMap" and namespace is not None:
+            kept_cms = {k: v for k, v in self._config_maps.items() if k[0] != namespace}
+            self._config_maps = {**kept_cms, **fresh._config_maps}
         elif kind == "ConfigMap":
             self._config_maps = fresh._config_maps
         else:
-            kept = {k: v for k, v in self._runtimes.items() if k[1] != kind}
-            self._runtimes = {**kept, **fresh._runtimes}
+            kept_rt = {k: v for k, v in self._runtimes.items() if k[1] != kind}
+            self._runtimes = {**kept_rt, **fresh._runtimes}
         self._generation += 1
 
     # -- read side --------------------------------------------------------------------------
@@ -176,6 +215,19 @@ class InMemoryCache:
 
     def config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
         return self._config_maps.get((namespace, name))
+
+    def gpu_products_matching(
+        self, terms: list[list[tuple[str, str, tuple[str, ...]]]]
+    ) -> list[str]:
+        """GFD products of the cached GPU Nodes that satisfy any alternative of ``terms``
+        ((key, operator, values) requirements, as ``gpuid.node_terms`` reads them)."""
+        found: list[str] = []
+        for name, labels in list(self._node_labels.items()):
+            if any(all(_match(labels, *req) for req in reqs) for reqs in terms):
+                product = self._nodes[name][0] if name in self._nodes else ""
+                if product and product not in found:
+                    found.append(product)
+        return found
 
     def training_runtime(self, namespace: str, kind: str, name: str) -> Mapping[str, Any] | None:
         return self._runtimes.get((namespace if kind == "TrainingRuntime" else "", kind, name))

@@ -8,28 +8,18 @@ other raise ``ConfigError`` (the policy denies those in enforcing namespaces).
 
 from __future__ import annotations
 
-import json
-import re
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
-from dssup.admission.flags import HF, MEGATRON_MODEL, SWITCHES
-from dssup.admission.source import Found, Sources, positive, switch
-from dssup.errors import ConfigError, DssupError
-from dssup.memory import Layout, ModelSpec, Precision, Training, model_from_hf_config, preset
-from dssup.memory.hf import preset_names
+from dssup.admission.flags import HF, PEFT_ENV, PEFT_FLAGS, SWITCHES, TORCHTUNE_CONFIG
+from dssup.admission.model import job_model
+from dssup.admission.source import Found, Incomplete, Sources, positive, switch
+from dssup.errors import ConfigError
+from dssup.memory import Layout, ModelSpec, Precision, Training
 
 __all__ = ["Incomplete", "JobConfig", "resolve"]
-
-
-class Incomplete(DssupError):
-    """The job does not state enough to be judged; ``missing`` says what to add."""
-
-    def __init__(self, missing: list[str]) -> None:
-        self.missing = missing
-        super().__init__("; ".join(missing))
 
 
 class JobConfig(NamedTuple):
@@ -43,103 +33,6 @@ class JobConfig(NamedTuple):
     global_batch_stated: bool
     origins: dict[str, str]  # knob -> annotation|megatron|hf|...
     warnings: tuple[str, ...] = ()
-
-
-@lru_cache(maxsize=64)
-def _preset(name: str) -> ModelSpec:
-    return preset(name)
-
-
-@lru_cache(maxsize=256)
-def _hf_model(text: str, label: str) -> ModelSpec:
-    try:
-        cfg = json.loads(text)
-    except ValueError:
-        raise ConfigError(
-            ann.MODEL, f"{label} is not JSON", "store the model's config.json"
-        ) from None
-    return model_from_hf_config(cfg, name=label)
-
-
-def _model_from_annotation(src: Sources, cache: ClusterCache, value: str) -> tuple[ModelSpec, str]:
-    if not value.startswith("configmap:"):
-        return _preset(value), f"preset:{value.strip().lower()}"
-    name, _, key = value[len("configmap:") :].partition("/")
-    if not name or not key:
-        raise ConfigError(
-            ann.MODEL, f"{value!r} is not configmap:<name>/<key>", "name the ConfigMap and key"
-        )
-    data = cache.config_map(src.view.namespace, name)
-    if data is None:
-        raise Incomplete([f"cache miss: ConfigMap {name} (model config) not in the cache"])
-    if key not in data:
-        raise ConfigError(ann.MODEL, f"ConfigMap {name} has no key {key!r}", "use an existing key")
-    return _hf_model(
-        data[key], f"{name}/{key}"
-    ), f"cm:{src.view.namespace}/{name}/{key}:{hash(data[key])}"
-
-
-_FREQ = re.compile(r"^\(?\[0\]\*(\d+)\s*\+\s*\[1\]\*(\d+)\)?$")
-
-
-def _megatron_model(src: Sources) -> tuple[ModelSpec, str] | None:
-    raw: dict[str, Any] = {}
-    for key, names in MEGATRON_MODEL.items():
-        hit = src.flag(names)
-        if hit is not None and hit.value is not None:
-            raw[key] = hit.value
-    if "num_hidden_layers" not in raw or "hidden_size" not in raw:
-        return None
-    cfg: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "moe_layer_freq":
-            m = _FREQ.match(value.replace(" ", ""))
-            if m:
-                cfg["first_k_dense_replace"] = int(m.group(1))
-            continue
-        if not value.isdigit():
-            raise ConfigError(f"--{key}", f"{value!r} is not an integer", "use a whole number")
-        cfg[key] = int(value)
-    cfg.setdefault("intermediate_size", 4 * cfg["hidden_size"])
-    if "vocab_size" not in cfg:
-        raise Incomplete(["the vocabulary size: add --vocab-size or annotation dssup.io/model"])
-    if not switch(src, "gqa"):
-        cfg.pop("num_key_value_heads", None)
-    if not switch(src, "mla"):
-        for key in (
-            "q_lora_rank",
-            "kv_lora_rank",
-            "qk_nope_head_dim",
-            "qk_rope_head_dim",
-            "v_head_dim",
-        ):
-            cfg.pop(key, None)
-    shared = cfg.pop("shared_size", 0)
-    expert = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
-    if shared and expert and shared % expert == 0:
-        cfg["n_shared_experts"] = shared // expert
-    elif shared:
-        cfg["shared_expert_intermediate_size"] = shared
-    cfg["tie_word_embeddings"] = not switch(src, "untie")
-    key = "megatron:" + ",".join(f"{k}={v}" for k, v in sorted(cfg.items()))
-    return model_from_hf_config(cfg, name="megatron-args"), key
-
-
-def _model(src: Sources, cache: ClusterCache) -> tuple[ModelSpec, str]:
-    value = src.view.annotations.get(ann.MODEL)
-    if value:
-        return _model_from_annotation(src, cache, value.strip())
-    found = _megatron_model(src)
-    if found is not None:
-        return found
-    hit = src.flag(HF["model"])
-    if hit is not None and hit.value:
-        base = hit.value.rstrip("/").rsplit("/", 1)[-1].lower()
-        if base in preset_names():
-            return _preset(base), f"preset:{base}"
-    raise Incomplete(
-        ["the model: add annotation dssup.io/model (a preset or configmap:<name>/<key>)"]
-    )
 
 
 def _layout_values(src: Sources, cache: ClusterCache) -> dict[str, int | bool]:
@@ -273,11 +166,34 @@ def _training(
     )
 
 
+def _peft(src: Sources) -> str | None:
+    """Where the job says it fine-tunes with LoRA/PEFT (full training is what dssup models)."""
+    for name in sorted(PEFT_FLAGS):
+        hit = src.flag(frozenset({name}))
+        if hit is not None and (
+            name not in {"--finetuning_type", "--finetuning-type"}
+            or ((hit.value or "").lower() in {"lora", "qlora", "freeze"})
+        ):
+            return hit.flag if hit.value is None else f"{hit.flag} {hit.value}"
+    for name in PEFT_ENV:
+        if src.literal_env(name):
+            return f"env {name}"
+    config = src.value(TORCHTUNE_CONFIG) or ""
+    if "lora" in config.lower():
+        return f"torchtune config {config}"
+    return None
+
+
 def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
     """Model, layout and training of the job; ``Incomplete`` or ``ConfigError`` otherwise."""
     if src.problems:
         raise Incomplete(list(src.problems))
-    model, model_key = _model(src, cache)
+    peft = _peft(src)
+    if peft is not None:
+        raise Incomplete(
+            [f"LoRA/PEFT fine-tuning ({peft}): dssup models full training only, not adapters"]
+        )
+    model, model_key = job_model(src, cache)
     warnings = list(src.warnings)
     lv = _layout_values(src, cache)
     tp, pp, cp = int(lv.get("tp", 1)), int(lv.get("pp", 1)), int(lv.get("cp", 1))

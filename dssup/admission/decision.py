@@ -26,6 +26,7 @@ CODES: dict[str, str] = {
     "unsupported-kind": "an object kind dssup does not read; allowed",
     "malformed-object": "the object is missing or not a JSON object; allowed",
     "internal-error": "dssup failed while judging; allowed (fail open) and logged",
+    "deadline-exceeded": "not judged within the deadline (a very large object); allowed",
 }
 DENY_CODES = frozenset({"predicted-oom", "no-feasible-plan", "invalid-config"})
 

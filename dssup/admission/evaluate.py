@@ -13,6 +13,7 @@ products, so such a job costs only its reading (normalise, sources, key), not th
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple, TypeVar
@@ -21,7 +22,7 @@ from dssup.admission.cache import ClusterCache
 from dssup.admission.config import Incomplete, JobConfig, resolve
 from dssup.admission.decision import Decision
 from dssup.admission.gpus import GpuMemory, resolve_gpu
-from dssup.admission.kinds import SUPPORTED, is_controlled, normalise
+from dssup.admission.kinds import identify, is_controlled, normalise
 from dssup.admission.memo import Versioned, content, memo_key
 from dssup.admission.settings import PolicySettings
 from dssup.admission.source import Sources, config_key, read_sources
@@ -57,23 +58,27 @@ class Leftovers:
 
 
 class LRU:
-    """A small least-recently-used map (OrderedDict; no locks: one event loop thread).
-    Evicted entries go to ``leftovers`` when given (freed after the answer is written)."""
+    """A small least-recently-used map (OrderedDict). Large reviews are judged on a worker
+    thread while the event loop answers small ones, so reads and writes take a lock (held
+    only for the dict operations, never while a value is computed). Evicted entries go to
+    ``leftovers`` when given (freed after the answer is written)."""
 
     def __init__(self, size: int, leftovers: Leftovers | None = None) -> None:
         self.size = size
         self._data: OrderedDict[Hashable, Any] = OrderedDict()
         self._leftovers = leftovers
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def get(self, key: Hashable) -> Any:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-            self.hits += 1
-        else:
-            self.misses += 1
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
         return value
 
     def remember(self, key: Hashable | None, make: Callable[[], T]) -> T:
@@ -94,12 +99,13 @@ class LRU:
     def put(self, key: Hashable, value: Any) -> None:
         if self.size <= 0:
             return
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.size:
-            evicted = self._data.popitem(last=False)
-            if self._leftovers is not None:
-                self._leftovers.keep(evicted)
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                evicted = self._data.popitem(last=False)
+                if self._leftovers is not None:
+                    self._leftovers.keep(evicted)
 
 
 class Judged(NamedTuple):
@@ -185,21 +191,25 @@ class Evaluator:
         return self._evaluate(obj, namespace) if found is None else found
 
     def _evaluate(self, obj: Mapping[str, Any], namespace: str) -> Evaluation | Decision:
-        kind = obj.get("kind")
-        if not isinstance(kind, str) or kind not in SUPPORTED:
-            return _allow(
-                "unsupported-kind",
-                f"kind {kind} is not judged",
-                f"dssup: kind {kind} is not judged; allowed",
-            )
-        if kind == "Pod" and is_controlled(obj):
+        reader, why = identify(obj)
+        if reader is None:
+            return _allow("unsupported-kind", f"not judged: {why}", f"dssup: not judged: {why}")
+        if reader.kind == "Pod" and is_controlled(obj):
             return _allow("not-applicable", "a controlled Pod is judged at its owner")
         view = normalise(obj, self.cache, namespace)
         missed = [n for n in view.notes if n.startswith("cache miss")]
+        unreadable = [n[len("unreadable: ") :] for n in view.notes if n.startswith("unreadable:")]
         found = self._judge_view(view)
         if missed and isinstance(found, Decision):
             return _allow(
                 "cache-miss", f"not judged: {missed[0]}", f"dssup: not judged: {missed[0]}"
+            )
+        if unreadable and isinstance(found, Decision) and found.code == "not-applicable":
+            what = "; ".join(unreadable)
+            return _allow(
+                "config-incomplete",
+                f"not judged: a GPU request or replica count is not a number: {what}",
+                f"dssup: not judged: GPU request or replica count not a number ({what})",
             )
         return found
 
@@ -243,10 +253,13 @@ class Evaluator:
             )
         gpu = resolve_gpu(products, self.cache, self.settings.reserve_bytes)
         if gpu is None:
-            what = ", ".join(products) or "no nvidia.com/gpu.product node selector"
+            what = ", ".join(products) or (
+                "no GPU product: the node selector names none dssup can resolve (add "
+                "nvidia.com/gpu.product)"
+            )
             return _allow(
                 "unknown-gpu",
                 f"GPU memory unknown ({what})",
-                f"dssup: not judged: GPU memory unknown ({what[:60]})",
+                f"dssup: not judged: GPU memory unknown ({what[:90]})",
             )
         return Judged(cfg, gpu, self.estimate(cfg, cfg.layout, cfg.training, gpu.usable_bytes))

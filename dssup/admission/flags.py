@@ -13,7 +13,12 @@ __all__ = [
     "LAUNCHER",
     "MEGATRON",
     "MEGATRON_MODEL",
+    "MEGATRON_TOKENIZER",
+    "MODEL_FLAGS",
+    "PEFT_ENV",
+    "PEFT_FLAGS",
     "SWITCHES",
+    "TORCHTUNE_CONFIG",
     "all_names",
 ]
 
@@ -74,7 +79,45 @@ HF: dict[str, frozenset[str]] = {
     "seq_len": _f("--max_seq_length", "--max-seq-length", "--model_max_length", "--block_size"),
     "model": _f("--model_name_or_path", "--model-name-or-path"),
     "deepspeed": _f("--deepspeed", "--deepspeed_config", "--deepspeed-config"),
+    "fsdp": _f("--fsdp", "--fsdp_config", "--fsdp-config"),
 }
+MEGATRON_TOKENIZER: dict[str, frozenset[str]] = {
+    "type": _f("--tokenizer-type"),
+    "model": _f("--tokenizer-model"),
+}
+MODEL_FLAGS = frozenset(
+    {
+        "--model_name_or_path",
+        "--model-name-or-path",
+        "--pretrained_model_name_or_path",
+        "--model",
+        "--model_id",
+        "--model-id",
+        "--model_name",
+        "--model-name",
+        "--base_model",
+        "--hf_model",
+    }
+)
+TORCHTUNE_CONFIG = frozenset({"--config"})
+# Parameter-efficient fine-tuning (LoRA, QLoRA, PEFT): not modelled by dssup's memory model.
+PEFT_FLAGS = frozenset(
+    {
+        "--lora_r",
+        "--lora-r",
+        "--lora_rank",
+        "--lora-rank",
+        "--use_peft",
+        "--use-peft",
+        "--peft",
+        "--lora",
+        "--use_lora",
+        "--use-lora",
+        "--finetuning_type",
+        "--finetuning-type",
+    }
+)
+PEFT_ENV = ("LORA_R", "LORA_RANK", "USE_LORA", "USE_PEFT", "PEFT_METHOD")
 LAUNCHER: dict[str, frozenset[str]] = {
     "nnodes": _f("--nnodes"),  # torchrun: a fixed node count forbids adding replicas
 }
@@ -95,8 +138,8 @@ DS_CONFIG: dict[str, str] = {
 
 def all_names() -> frozenset[str]:
     """Every flag dssup reads (used to tell a training launcher from anything else)."""
-    names: set[str] = set()
-    for table in (MEGATRON, SWITCHES, MEGATRON_MODEL, HF, LAUNCHER):
+    names: set[str] = set(MODEL_FLAGS | TORCHTUNE_CONFIG | PEFT_FLAGS)
+    for table in (MEGATRON, SWITCHES, MEGATRON_MODEL, MEGATRON_TOKENIZER, HF, LAUNCHER):
         for flags in table.values():
             names |= flags
     return frozenset(names)

@@ -2,47 +2,22 @@
 
 NVIDIA GPU Feature Discovery labels every GPU node with ``nvidia.com/gpu.product`` and
 ``nvidia.com/gpu.memory`` (MiB of one GPU, as NVML reports it). The watch cache of Nodes turns
-those into a per-product figure (the smallest, to be safe); the table below covers clusters
+those into a per-product figure (the smallest, to be safe); dssup's one GPU table
+(``dssup/memory/gpu_table.py``, the same figures the CLI and planner use) covers clusters
 without GFD and ``dssup admit`` run offline. A time-sliced GPU (``nvidia.com/gpu.replicas`` > 1)
 shares its memory, so the usable share is divided. A configurable reserve is subtracted last.
 """
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
 from dssup.admission.cache import ClusterCache
+from dssup.memory.gpus import gpu_for_product, mig_memory_mib
 
-__all__ = ["GPU_TABLE_MIB", "GpuMemory", "resolve_gpu"]
+__all__ = ["GpuMemory", "resolve_gpu"]
 
 MiB = 1 << 20
-
-# NVML totals (MiB) as GFD / nvidia-smi report them; keys are GFD product labels.
-GPU_TABLE_MIB: dict[str, int] = {
-    "Tesla-T4": 15360,
-    "Tesla-V100-SXM2-16GB": 16384,
-    "Tesla-V100-SXM2-32GB": 32768,
-    "NVIDIA-A10": 23028,
-    "NVIDIA-A10G": 23028,
-    "NVIDIA-L4": 23034,
-    "NVIDIA-L40S": 46068,
-    "NVIDIA-A100-SXM4-40GB": 40960,
-    "NVIDIA-A100-PCIE-40GB": 40960,
-    "NVIDIA-A100-SXM4-80GB": 81920,
-    "NVIDIA-A100-80GB-PCIe": 81920,
-    "NVIDIA-A800-SXM4-80GB": 81920,
-    "NVIDIA-H100-80GB-HBM3": 81559,
-    "NVIDIA-H100-PCIe": 81559,
-    "NVIDIA-H100-NVL": 95830,
-    "NVIDIA-H800": 81559,
-    "NVIDIA-H800-80GB-HBM3": 81559,
-    "NVIDIA-H20": 97871,
-    "NVIDIA-H200": 143771,
-    "NVIDIA-H200-141GB-HBM3e": 143771,
-    "NVIDIA-B200": 183359,
-}
-_MIG = re.compile(r"-MIG-\d+g\.(\d+)gb$", re.IGNORECASE)
 
 
 class GpuMemory(NamedTuple):
@@ -56,16 +31,13 @@ class GpuMemory(NamedTuple):
 
 
 def _table(product: str) -> tuple[int, str] | None:
-    mib = GPU_TABLE_MIB.get(product)
-    if mib is None:
-        lowered = {k.lower(): v for k, v in GPU_TABLE_MIB.items()}
-        mib = lowered.get(product.lower())
-    if mib is not None:
-        return mib, "table"
-    mig = _MIG.search(product)
-    if mig:
-        return int(mig.group(1)) * 1024, "mig-name"
-    return None
+    """MiB and source from dssup's one GPU table (``dssup.memory.gpus``), or a MIG slice's
+    conservative memory from its profile name."""
+    spec = gpu_for_product(product)
+    if spec is not None:
+        return spec.memory_mib, "table"
+    mig = mig_memory_mib(product)
+    return None if mig is None else (mig, "mig-name")
 
 
 def resolve_gpu(

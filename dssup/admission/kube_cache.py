@@ -1,6 +1,7 @@
 """Feed the ``InMemoryCache`` from the Kubernetes API: list once, then watch, per resource.
 
-One daemon thread per resource (GFD-labelled Nodes, labelled ConfigMaps, Cluster/
+One daemon thread per resource (GPU Nodes, as NVIDIA GPU Feature Discovery or AMD's ROCm node
+labeller label them: one label-selected watch each; labelled ConfigMaps; Cluster/
 TrainingRuntimes) runs list -> watch -> (410 Gone or error) -> relist, with exponential backoff
 (tenacity) between failures. The cache reports ``synced`` once every resource has been listed
 (a missing CRD counts as listed and empty), and readiness waits for that. Requests never call
@@ -21,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential
 
 from dssup.admission.cache import InMemoryCache
+from dssup.admission.nodegpu import AMD_PRODUCT_LABEL, GPU_PRODUCT_LABEL
 
 __all__ = ["KubeWatchCache", "Resource"]
 
@@ -36,6 +38,19 @@ class Resource:
     list_fn: Callable[..., Any]
     kwargs: dict[str, Any]
 
+    @property
+    def key(self) -> str:
+        """The kind, and the namespace of a namespaced list or the label of a Node list."""
+        ns = self.kwargs.get("namespace")
+        if ns:
+            return f"{self.kind}/{ns}"
+        return f"{self.kind}[{self.node_label}]" if self.node_label else self.kind
+
+    @property
+    def node_label(self) -> str | None:
+        """The label key a Node list selects on (its LIST replaces only Nodes carrying it)."""
+        return self.kwargs.get("label_selector") if self.kind == "Node" else None
+
 
 class _Relist(Exception):
     """The watch expired (HTTP 410) or ended with an error: list again."""
@@ -50,6 +65,7 @@ class KubeWatchCache:
         api: client.ApiClient,
         *,
         config_map_selector: str = "dssup.io/watch=true",
+        config_map_namespaces: tuple[str, ...] = (),
         watch_timeout_s: int = 300,
         max_backoff_s: float = 30.0,
     ) -> None:
@@ -57,13 +73,27 @@ class KubeWatchCache:
         self.watch_timeout_s = watch_timeout_s
         self.max_backoff_s = max_backoff_s
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        selector = {"label_selector": config_map_selector} if config_map_selector else {}
+        # ConfigMaps: per opted-in namespace (a Role there grants list/watch: least privilege),
+        # or cluster-wide when no namespace is named (needs a ClusterRole rule on configmaps).
+        config_maps = (
+            [
+                Resource(
+                    "ConfigMap",
+                    core.list_namespaced_config_map,
+                    {"namespace": ns, **selector},
+                )
+                for ns in config_map_namespaces
+            ]
+            if config_map_namespaces
+            else [Resource("ConfigMap", core.list_config_map_for_all_namespaces, selector)]
+        )
         self.resources = [
-            Resource("Node", core.list_node, {"label_selector": "nvidia.com/gpu.product"}),
-            Resource(
-                "ConfigMap",
-                core.list_config_map_for_all_namespaces,
-                {"label_selector": config_map_selector} if config_map_selector else {},
+            *(
+                Resource("Node", core.list_node, {"label_selector": label})
+                for label in (GPU_PRODUCT_LABEL, AMD_PRODUCT_LABEL)
             ),
+            *config_maps,
             Resource(
                 "ClusterTrainingRuntime",
                 custom.list_cluster_custom_object,
@@ -87,7 +117,7 @@ class KubeWatchCache:
     def start(self) -> None:
         for res in self.resources:
             t = threading.Thread(
-                target=self._run, args=(res,), name=f"dssup-watch-{res.kind}", daemon=True
+                target=self._run, args=(res,), name=f"dssup-watch-{res.key}", daemon=True
             )
             t.start()
             self._threads.append(t)
@@ -121,20 +151,21 @@ class KubeWatchCache:
             resp = res.list_fn(**res.kwargs, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404:  # the CRD is not installed: nothing to cache
-                self.store.replace_all(res.kind, [])
+                self.store.replace_all(res.kind, [], res.kwargs.get("namespace"), res.node_label)
                 self._mark(res)
                 self._stop.wait(300)
                 raise _Relist(f"{res.kind}: not served") from None
             raise
         doc = json.loads(resp.data)
-        self.store.replace_all(res.kind, list(doc.get("items") or []))
+        items = list(doc.get("items") or [])
+        self.store.replace_all(res.kind, items, res.kwargs.get("namespace"), res.node_label)
         self._mark(res)
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
     def _mark(self, res: Resource) -> None:
-        if res.kind not in self._listed:
-            self._listed.add(res.kind)
-            log.info("cache of %s synced", res.kind)
+        if res.key not in self._listed:
+            self._listed.add(res.key)
+            log.info("cache of %s synced", res.key)
         if self.synced():
             self.store.mark_synced()
 

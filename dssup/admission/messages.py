@@ -7,11 +7,12 @@ annotations).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from dssup.memory import Estimate, Layout, Training
 
-__all__ = ["breakdown", "describe", "gib", "knobs", "peak_terms"]
+__all__ = ["breakdown", "describe", "estimate_note", "gib", "knobs", "peak_terms", "unseen"]
 
 GiB = float(1 << 30)
 
@@ -45,6 +46,46 @@ def knobs(training: Training, gpus: int | None = None) -> dict[str, Any]:
         "recompute": training.recompute,
         "zeroStage": training.zero_stage,
     }
+
+
+_ORIGIN_KNOBS = {
+    "micro_batch": "microBatch",
+    "global_batch": "globalBatch",
+    "seq_len": "seqLength",
+    "recompute": "recompute",
+    "zero_stage": "zeroStage",
+}
+
+
+def unseen(
+    origins: dict[str, str], kind: str, seen: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """Knobs read from job-level ``dssup.io/`` annotations that the pods do not see (a bare
+    Pod's annotations are its own); ``seen``: knobs the pods' own view states alike."""
+    if kind == "Pod":
+        return ()
+    return tuple(
+        name
+        for knob, name in _ORIGIN_KNOBS.items()
+        if origins.get(knob) == "annotation" and knob not in seen
+    )
+
+
+def estimate_note(
+    peak_bytes: int, gpu: Any, training: Training, global_batch: int, assumed: tuple[str, ...]
+) -> str:
+    """``dssup.io/estimate``: the verdict and the config it is for, as the pods will run it;
+    ``assumedFromJobAnnotations`` names knobs the pods cannot see (taken on the job's word)."""
+    doc: dict[str, Any] = {
+        "fits": True,
+        "gpu": gpu.product,
+        "peakGiB": gib(peak_bytes),
+        "usableGiB": gib(gpu.usable_bytes),
+        "config": {**knobs(training), "globalBatch": global_batch, "seqLength": training.seq_len},
+    }
+    if assumed:
+        doc["assumedFromJobAnnotations"] = list(assumed)
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def peak_terms(est: Estimate) -> str:

@@ -1,127 +1,72 @@
-"""Write a new training config back into the job, in the places the job itself uses.
+"""Write a new training config back into the job, only where the pods will see it.
 
-A knob is rewritten everywhere it is stated (annotation, Megatron flag, HF flag, literal env
-var); a knob stated nowhere is added in the job's own style (Megatron flags, HF flags, or our
-annotations). Knobs that live only in a DeepSpeed ConfigMap or a ConfigMap-backed env var cannot
-be changed by an admission patch (that would be a side effect), so ``render`` returns None and
-the policy tries the next candidate. The caller re-reads the patched object to prove the patch
-says what it meant (see ``policy.py``).
+A resize must change what the containers read, or it claims a fit the workload never gets.
+Visible places: the container's args (flags in any form, also inside ``bash -c`` scripts), its
+env (literal values; ``DSSUP_*`` contract variables, added only to containers that run under
+``dssup run`` or already read them), inline DeepSpeed JSON given to ``--deepspeed``, and pod
+template annotations that the template itself exposes through the downward API. A job-level
+``dssup.io/`` annotation is rewritten too when it states the knob (so the job does not
+contradict itself), but it never counts: PyTorchJob, JobSet, Job, TrainJob, Volcano and MPIJob
+annotations are not copied to pods. A knob that can only be changed invisibly (a job
+annotation alone, a DeepSpeed ConfigMap, a ConfigMap-backed env var) makes ``render`` return
+None and the policy tries the next candidate or names the setting in its answer. The caller
+re-reads the patched object, also as the pods see it, to prove the patch says what it meant.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from dssup.admission import annotations as ann
-from dssup.admission.argv import ArgvEditor
-from dssup.admission.flags import ENV, HF, MEGATRON, SWITCHES
+from dssup.admission.flags import HF, MEGATRON, SWITCHES
 from dssup.admission.source import Sources
 from dssup.admission.view import escape
+from dssup.admission.writer import HF_ANY, MEGATRON_ANY, Writer, speaks_contract, style
 
-__all__ = ["Change", "annotation_ops", "render"]
+__all__ = ["KNOB_ANNOTATIONS", "Change", "annotation_ops", "render", "speaks_contract", "style"]
 
 Change = dict[str, tuple[Any, Any]]  # knob -> (old, new)
-_MEGATRON_ANY = frozenset().union(*MEGATRON.values(), *SWITCHES.values())
-_MEGATRON_OWN = frozenset().union(
-    *MEGATRON.values(), SWITCHES["sp"], SWITCHES["dist_opt"], SWITCHES["recompute_activations"]
+KNOB_ANNOTATIONS = (
+    ann.MICRO_BATCH,
+    ann.GLOBAL_BATCH,
+    ann.SEQ_LENGTH,
+    ann.RECOMPUTE,
+    ann.ZERO_STAGE,
 )
-_HF_ANY = frozenset().union(*HF.values())
 
 
-def style(src: Sources) -> str:
-    """``megatron``, ``hf`` or ``annotation``: how the job states its knobs."""
-    if src.has(_MEGATRON_OWN):
-        return "megatron"
-    return "hf" if src.has(_HF_ANY) else "annotation"
-
-
-class _Writer:
-    def __init__(self, src: Sources) -> None:
-        self.src = src
-        self.editors = {c.args_path: ArgvEditor(c) for _, c in src.containers}
-        self.annotations: dict[str, str] = {}
-        self.env_ops: list[dict[str, Any]] = []
-        self.style = style(src)
-
-    def _styled(self, names: frozenset[str]) -> list[ArgvEditor]:
-        return [
-            e
-            for e in self.editors.values()
-            if any(e.container is c for _, c in self.src.containers) and _mentions(e, names)
-        ]
-
-    def set_flag(self, names: frozenset[str], value: str) -> bool:
-        return any([e.set(names, value) for e in self.editors.values()])
-
-    def append(self, group: frozenset[str], tokens: list[str]) -> bool:
-        targets = self._styled(group)
-        return bool(targets) and all(e.append(tokens) for e in targets)
-
-    def set_env(self, knob: str, value: str) -> tuple[bool, bool]:
-        """(found any, all writable)."""
-        found, ok = False, True
-        for _, c in self.src.containers:
-            for var in c.env:
-                if var.name in ENV.get(knob, ()):
-                    found = True
-                    if var.value is None or var.position < 0:
-                        ok = False
-                        continue
-                    base = f"{c.env_path}/{var.position}"
-                    self.env_ops += [
-                        {"op": "test", "path": f"{base}/name", "value": var.name},
-                        {"op": "replace", "path": f"{base}/value", "value": value},
-                    ]
-        return found, ok
-
-    def set_knob(
-        self, knob: str, ann_key: str | None, value: str, flag_sets: list[frozenset[str]]
-    ) -> bool:
-        """Rewrite every statement of a knob; False if one of them cannot be rewritten."""
-        wrote = False
-        if ann_key and ann_key in self.src.view.annotations:
-            self.annotations[ann_key] = value
-            wrote = True
-        for names in flag_sets:
-            wrote = self.set_flag(names, value) or wrote
-        found, ok = self.set_env(knob, value)
-        return ok and (wrote or found)
-
-
-def _mentions(editor: ArgvEditor, names: frozenset[str]) -> bool:
-    from dssup.admission.argv import find_lists
-
-    return bool(find_lists(editor.lists, names))
-
-
-def _micro(w: _Writer, new: int) -> bool:
+def _micro(w: Writer, new: int) -> bool:
     v = str(new)
     if w.set_knob("micro_batch", ann.MICRO_BATCH, v, [MEGATRON["micro_batch"], HF["micro_batch"]]):
         return True
     if w.style == "megatron":
-        return w.append(_MEGATRON_ANY, ["--micro-batch-size", v])
+        return w.append(MEGATRON_ANY, ["--micro-batch-size", v])
     if w.style == "hf":
-        return w.append(_HF_ANY, ["--per_device_train_batch_size", v])
-    w.annotations[ann.MICRO_BATCH] = v
-    return True
+        return w.append(HF_ANY, ["--per_device_train_batch_size", v])
+    return w.set_contract_env("micro_batch", v)
 
 
-def _keep_global(w: _Writer, global_batch: int, stated: bool, accum: int) -> bool:
+def _keep_global(w: Writer, global_batch: int, stated: bool, accum: int) -> bool:
     """Make the global batch explicit (or the accumulation) so the new micro-batch keeps it."""
     if w.style == "hf" or w.src.has(HF["grad_accum"]):
         if w.set_knob("grad_accum", None, str(accum), [HF["grad_accum"]]):
             return True
-        return w.append(_HF_ANY, ["--gradient_accumulation_steps", str(accum)])
+        return w.append(HF_ANY, ["--gradient_accumulation_steps", str(accum)])
+    if w.set_ds("grad_accum", str(accum)):
+        return True
     if stated:
+        if ann.GLOBAL_BATCH in w.src.view.annotations and w.style == "annotation":
+            # stated as a job annotation only: the pods see it through the contract env
+            return w.set_knob("global_batch", ann.GLOBAL_BATCH, str(global_batch), [])
         return True
     if w.style == "megatron":
-        return w.append(_MEGATRON_ANY, ["--global-batch-size", str(global_batch)])
-    w.annotations[ann.GLOBAL_BATCH] = str(global_batch)
-    return True
+        return w.append(MEGATRON_ANY, ["--global-batch-size", str(global_batch)])
+    return w.set_contract_env("global_batch", str(global_batch))
 
 
-def _recompute(w: _Writer, old: str, new: str) -> bool:
+def _recompute(w: Writer, old: str, new: str) -> bool:
     if ann.RECOMPUTE in w.src.view.annotations:
         w.annotations[ann.RECOMPUTE] = new
     if w.style == "hf":
@@ -129,11 +74,11 @@ def _recompute(w: _Writer, old: str, new: str) -> bool:
             return False
         names = HF["recompute"]
         if new == "full":
-            return w.set_flag(names, "true") or w.append(_HF_ANY, ["--gradient_checkpointing"])
+            return w.set_flag(names, "true") or w.append(HF_ANY, ["--gradient_checkpointing"])
         return all(e.remove(names) for e in w.editors.values())
     if w.style != "megatron":
-        w.annotations[ann.RECOMPUTE] = new
-        return True
+        found, ok = w.set_env("recompute", new)
+        return ok and (found or w.set_contract_env("recompute", new))
     drop = MEGATRON["recompute"] | MEGATRON["recompute_method"] | MEGATRON["recompute_layers"]
     if not all(e.remove(drop | SWITCHES["recompute_activations"]) for e in w.editors.values()):
         return False
@@ -142,20 +87,21 @@ def _recompute(w: _Writer, old: str, new: str) -> bool:
     tokens = ["--recompute-granularity", new]
     if new == "full":
         tokens += ["--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    return w.append(_MEGATRON_ANY, tokens)
+    return w.append(MEGATRON_ANY, tokens)
 
 
-def _zero(w: _Writer, new: int) -> bool:
+def _zero(w: Writer, new: int) -> bool:
     if w.set_knob("zero_stage", ann.ZERO_STAGE, str(new), []):
+        return True
+    if w.set_ds("zero_stage", str(new)):
         return True
     if w.style == "megatron" and new in (0, 1):
         names = SWITCHES["dist_opt"]
         if new == 1:
-            return w.src.has(names) or w.append(_MEGATRON_ANY, ["--use-distributed-optimizer"])
+            return w.src.has(names) or w.append(MEGATRON_ANY, ["--use-distributed-optimizer"])
         return all(e.remove(names) for e in w.editors.values())
     if w.style == "annotation":
-        w.annotations[ann.ZERO_STAGE] = str(new)
-        return True
+        return w.set_contract_env("zero_stage", str(new))
     return False
 
 
@@ -165,7 +111,10 @@ def expressible(
     """Values a resize may choose per knob (None = any), given how the job states its knobs."""
     kind = style(src)
     zero: tuple[int, ...] | None = None
-    if origins.get("zero_stage") in {"deepspeed", "env-configmap"} or kind == "hf":
+    inline = src.deepspeed_inline is not None
+    if origins.get("zero_stage") == "env-configmap" or (
+        (origins.get("zero_stage") == "deepspeed" or kind == "hf") and not inline
+    ):
         zero = (training.zero_stage,)
     elif kind == "megatron" and origins.get("zero_stage") != "annotation":
         zero = (0, 1) if training.zero_stage in (0, 1) else (training.zero_stage,)
@@ -173,7 +122,8 @@ def expressible(
     if origins.get("recompute") in {"deepspeed", "env-configmap"}:
         recompute = (training.recompute,)
     micro = None
-    if {origins.get("micro_batch"), origins.get("grad_accum")} & {"deepspeed", "env-configmap"}:
+    fixed = {"env-configmap"} if inline else {"deepspeed", "env-configmap"}
+    if {origins.get("micro_batch"), origins.get("grad_accum")} & fixed:
         micro = (training.micro_batch,)
     return {"zero_stage": zero, "recompute": recompute, "micro_batch": micro}
 
@@ -192,7 +142,7 @@ def render(
     ``accum`` is the new gradient accumulation; ``pin_global`` makes an implicit global batch
     explicit even when the micro-batch stays (needed when the data-parallel size changes).
     """
-    w = _Writer(src)
+    w = Writer(src)
     ok = True
     if "micro_batch" in change:
         ok = _micro(w, change["micro_batch"][1])
@@ -204,8 +154,13 @@ def render(
         ok = _zero(w, change["zero_stage"][1])
     if not ok:
         return None
-    ops = [op for e in w.editors.values() for op in e.ops()] + w.env_ops
-    return ops, w.annotations
+    if w.ds_changed:
+        hit = w.src.deepspeed_inline
+        if hit is None or not w.set_flag(
+            frozenset({hit.flag}), json.dumps(w.ds, separators=(",", ":"))
+        ):
+            return None
+    return w.ops(), w.annotations
 
 
 def annotation_ops(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -16,18 +16,20 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-import orjson
-
 from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator, Leftovers
+from dssup.admission.kinds import suspended
 from dssup.admission.memo import Versioned, carries_written, content, memo_key
-from dssup.admission.messages import breakdown, describe, gib, peak_terms
+from dssup.admission.messages import breakdown, describe, estimate_note, gib, peak_terms, unseen
 from dssup.admission.patch import annotation_ops
 from dssup.admission.resize import Resize, find_resize
 from dssup.admission.settings import PolicySettings
+from dssup.admission.source import Incomplete
+from dssup.admission.visible import pods_config, seen_knobs
 from dssup.admission.wire import AdmissionRequest
+from dssup.admission.writer import assumed_defaults
 from dssup.errors import ConfigError
 from dssup.memory import Estimate, Layout, Training
 
@@ -38,14 +40,28 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _estimate_note(ev: Evaluation, fits: bool) -> str:
-    note = {
-        "fits": fits,
-        "gpu": ev.gpu.product,
-        "peakGiB": gib(ev.est.peak_bytes),
-        "usableGiB": gib(ev.gpu.usable_bytes),
-    }
-    return orjson.dumps(note, option=orjson.OPT_SORT_KEYS).decode()
+def _assumed(obj: Mapping[str, Any], ev: Evaluation, cache: ClusterCache) -> tuple[str, ...]:
+    """Knobs the judged config took from job annotations the pods do not see."""
+    assumed = unseen(ev.cfg.origins, ev.view.kind)
+    if not assumed:
+        return ()
+    try:
+        seen = pods_config(obj, cache, ev.view.namespace)
+    except (ConfigError, Incomplete):
+        return assumed
+    return unseen(ev.cfg.origins, ev.view.kind, seen_knobs(ev.cfg, seen))
+
+
+def _estimate_note(ev: Evaluation, assumed: tuple[str, ...]) -> str:
+    return estimate_note(ev.est.peak_bytes, ev.gpu, ev.cfg.training, ev.cfg.global_batch, assumed)
+
+
+def _unseen_warning(assumed: tuple[str, ...]) -> tuple[str, ...]:
+    if not assumed:
+        return ()
+    return (
+        f"dssup: {', '.join(assumed)} taken from job annotations, which the pods do not see"[:120],
+    )
 
 
 def _fits_message(ev: Evaluation) -> str:
@@ -114,6 +130,20 @@ class Policy:
             )
         decision = self.judge(req.obj, req.namespace, mode)
         if not decision.allowed and req.operation == "UPDATE" and req.old_obj is not None:
+            if suspended(req.old_obj) and not suspended(req.obj):
+                # Kueue admits a job by injecting its flavor's node selector and unsuspending
+                # it: the GPU becomes known only now, after quota was reserved. Warn, never a
+                # late denial that lands on Kueue's controller.
+                return decision.model_copy(
+                    update={
+                        "allowed": True,
+                        "warnings": (
+                            decision.message[:240],
+                            "dssup: allowed: the GPU became known when the job was unsuspended "
+                            "(Kueue); dssup warns at unsuspend, it does not deny",
+                        ),
+                    }
+                )
             before = self.judge(req.old_obj, req.namespace, mode)
             if not before.allowed:
                 return decision.model_copy(
@@ -165,7 +195,7 @@ class Policy:
         if mode == "mutate":
             return self._fits_patch(obj, ev)
         # A fresh job of a known config (new name, new run id) gets the answer already built.
-        return self._per_config(ev, mode, lambda: self._fits(ev, mode))
+        return self._per_config(ev, mode, lambda: self._fits(obj, ev, mode))
 
     def _per_config(self, ev: Evaluation, what: str, make: Callable[[], T]) -> T:
         """``make()``, remembered as ``what`` under the evaluation's config key when it has one:
@@ -177,15 +207,18 @@ class Policy:
     def _fits_patch(self, obj: Mapping[str, Any], ev: Evaluation) -> Decision:
         """The mutating webhook's answer to a fit: the estimate annotation (read from ``obj``:
         the patch adds to what it already holds)."""
-        note = self._per_config(ev, "note", lambda: _estimate_note(ev, True))
+        cache = self.evaluator.cache
+        note = self._per_config(ev, "note", lambda: _estimate_note(ev, _assumed(obj, ev, cache)))
         ops = annotation_ops(obj, {ann.ESTIMATE: note})
         return self._fit(ev, _fits_message(ev), patch=tuple(ops))
 
-    def _fits(self, ev: Evaluation, mode: Mode) -> Decision:
-        """The validating (or warning) answer to a fit: reads only the judged config."""
+    def _fits(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
+        """The validating (or warning) answer to a fit: reads only the judged config (what the
+        pods see of it is a function of the same launch lines and annotations)."""
         msg = _fits_message(ev)
         notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
-        return self._fit(ev, msg, warnings=(*notes, msg[:120]))
+        unseen_note = _unseen_warning(_assumed(obj, ev, self.evaluator.cache))
+        return self._fit(ev, msg, warnings=(*notes, *unseen_note, msg[:120]))
 
     def _fit(self, ev: Evaluation, message: str, **answer: Any) -> Decision:
         """What every answer to a fit holds (message, audit, breakdown), plus ``answer``: the
@@ -200,6 +233,21 @@ class Policy:
         )
 
     def _does_not_fit(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
+        guessed = assumed_defaults(ev.src, ev.cfg)
+        if guessed:  # missing input is never a denial, nor a resize built on a guess
+            what = ", ".join(guessed)
+            warning = (
+                f"dssup: not judged: predicted {gib(ev.est.peak_bytes)} GiB/GPU > "
+                f"{gib(ev.gpu.usable_bytes)} GiB on {ev.gpu.product} only with assumed {what}; "
+                "state them"
+            )
+            return Decision(
+                allowed=True,
+                code="config-incomplete",
+                message=f"not judged: the job does not state {what} (assumed); {warning[7:]}",
+                warnings=(warning[:240],),
+                audit={"decision": "config-incomplete"},
+            )
         resize = find_resize(obj, ev, self.evaluator, self.settings)
         if (
             mode == "mutate"

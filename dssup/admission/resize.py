@@ -16,15 +16,17 @@ from typing import Any
 
 from dssup.admission import annotations as ann
 from dssup.admission.applypatch import PatchError, apply_ops
-from dssup.admission.config import Incomplete, resolve
+from dssup.admission.cache import ClusterCache
+from dssup.admission.config import JobConfig, resolve
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator
 from dssup.admission.flags import LAUNCHER
 from dssup.admission.kinds import normalise
-from dssup.admission.messages import gib, knobs
+from dssup.admission.messages import estimate_note, gib, knobs, unseen
 from dssup.admission.patch import Change, annotation_ops, expressible, render
 from dssup.admission.settings import PolicySettings
-from dssup.admission.source import read_sources
+from dssup.admission.source import Incomplete, read_sources
 from dssup.admission.view import PodSetView
+from dssup.admission.visible import pods_config, seen_knobs
 from dssup.admission.wire import copy_json
 from dssup.errors import ConfigError
 from dssup.memory import Candidate, Estimate, Layout, PlanRequest, PlanResult, plan
@@ -49,10 +51,15 @@ class Resize:
     short: str
 
 
-def _plan(ev: Evaluation, settings: PolicySettings, layout: Layout | None = None) -> PlanResult:
+def _plan(
+    ev: Evaluation, settings: PolicySettings, layout: Layout | None = None, *, free: bool = False
+) -> PlanResult:
+    """Fitting configs the job's statements can express (``free``: any, for advice)."""
     cfg = ev.cfg
     layout = layout or cfg.layout
     allowed = expressible(ev.src, cfg.origins, cfg.training)
+    if free:
+        allowed = {k: None for k in allowed}
     recompute = allowed["recompute"] or ("none", "selective", "full")
     zero = allowed["zero_stage"] or (0, 1, 2, 3)
     if not settings.allow_recompute:
@@ -115,16 +122,61 @@ def _verify(
     ev: Evaluation,
     cand: Candidate,
     evaluator: Evaluator,
-) -> bool:
-    """Re-read the patched object: it must state exactly the candidate and the same global batch."""
+    change: Change,
+) -> tuple[JobConfig, JobConfig] | None:
+    """Re-read the patched object: it must state exactly the candidate and the same global
+    batch; and what the pods see (the object without job-level knob annotations) must carry
+    every changed knob's new value and the same global batch. Returns the patched object's
+    config (its origins say what stays on the job's word), or None."""
+    want = (cand.layout, cand.training, ev.cfg.global_batch)
     try:
         patched = apply_ops(copy_json(obj), ops)
         view = normalise(patched, evaluator.cache, ev.view.namespace)
         cfg = resolve(read_sources(view, evaluator.cache), evaluator.cache, view.world_size)
+        if (cfg.layout, cfg.training, cfg.global_batch) != want:
+            return None
+        seen = pods_config(patched, evaluator.cache, ev.view.namespace)
     except (PatchError, ConfigError, Incomplete):
-        return False
-    want = (cand.layout, cand.training, ev.cfg.global_batch)
-    return (cfg.layout, cfg.training, cfg.global_batch) == want
+        return None
+    changed = set(change) | ({"grad_accum"} if "micro_batch" in change else set())
+    visible = seen.global_batch == ev.cfg.global_batch and all(
+        getattr(seen.training, k) == getattr(cand.training, k) for k in changed
+    )
+    return (cfg, seen) if visible else None
+
+
+_LABELS = {
+    "micro_batch": "micro-batch",
+    "grad_accum": "gradient accumulation",
+    "recompute": "recompute",
+    "zero_stage": "ZeRO stage",
+}
+_KNOB_ANNOTATION = {
+    "micro_batch": ann.MICRO_BATCH,
+    "recompute": ann.RECOMPUTE,
+    "zero_stage": ann.ZERO_STAGE,
+    "grad_accum": None,
+}
+
+
+def _settings(ev: Evaluation, change: Change, cache: ClusterCache) -> str:
+    """Each changed knob as the setting that states it and the value that would fit."""
+    parts = []
+    for knob, (_, new) in change.items():
+        try:
+            found = ev.src.lookup(knob, _KNOB_ANNOTATION[knob], cache)
+        except Incomplete:
+            found = None
+        if found is None:  # stated nowhere: the job's own default
+            parts.append(f"{_LABELS[knob]} {new} (not stated in the job)")
+            continue
+        unseen = (
+            " (a job annotation the pods do not see)"
+            if found.origin == "annotation" and ev.view.kind != "Pod"
+            else ""
+        )
+        parts.append(f"{found.where}={new}{unseen}")
+    return ", ".join(parts)
 
 
 def _words(change: Change) -> str:
@@ -144,16 +196,6 @@ class _Scale:
     ps: PodSetView
     units: int
     gpus: int
-
-
-def _note(est: Estimate, ev: Evaluation) -> str:
-    doc = {
-        "peakGiB": gib(est.peak_bytes),
-        "usableGiB": gib(ev.gpu.usable_bytes),
-        "gpu": ev.gpu.product,
-        "fits": True,
-    }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def _attempt(
@@ -181,17 +223,22 @@ def _attempt(
     world = ev.view.world_size
     if scale is not None:
         ops = ops + [{"op": "add", "path": p, "value": scale.units} for p in scale.ps.scale_paths]
-    values = {**values, ann.ESTIMATE: _note(est, ev)}
     new_world = scale.gpus if scale else None
+    values = dict(values)
     values[ann.RESIZED_FROM] = json.dumps(
         knobs(ev.cfg.training, world if scale else None), separators=(",", ":"), sort_keys=True
     )
     values[ann.RESIZED_TO] = json.dumps(
         knobs(cand.training, new_world), separators=(",", ":"), sort_keys=True
     )
-    patch = ops + annotation_ops(obj, values)
-    if not _verify(obj, patch, ev, cand, evaluator):
+    verified = _verify(obj, ops + annotation_ops(obj, values), ev, cand, evaluator, change)
+    if verified is None:
         return None
+    assumed = unseen(verified[0].origins, ev.view.kind, seen_knobs(*verified))
+    values[ann.ESTIMATE] = estimate_note(
+        est.peak_bytes, ev.gpu, cand.training, ev.cfg.global_batch, assumed
+    )
+    patch = ops + annotation_ops(obj, values)
     words = _words(change)
     if scale is not None:
         words = ", ".join(w for w in (f"GPUs {world}->{scale.gpus}", words) if w)
@@ -215,7 +262,7 @@ def _scales(ev: Evaluation) -> list[_Scale]:
     units = ps.pods // ps.scale_step
     limit = ps.max_units or units
     text = ev.view.annotations.get(ann.MAX_GPUS, "").strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         limit = max(limit, units + (int(text) - ev.view.world_size) // per_unit)
     return [
         _Scale(ps, u, ev.view.world_size + (u - units) * per_unit)
@@ -262,6 +309,15 @@ def find_resize(
     grown = _grow(obj, ev, evaluator, settings)
     if grown is not None:
         return grown
+    if first is None:  # nothing expressible fits: is there a fit the job must make itself?
+        first = next(
+            (
+                (c, ch)
+                for c in _plan(ev, settings, free=True).candidates[:_TRIES]
+                if (ch := _change(ev, c))
+            ),
+            None,
+        )
     if first is not None:
         cand, change = first
         words = _words(change)
@@ -270,8 +326,8 @@ def find_resize(
             None,
             ev.est,
             cand.peak_bytes,
-            f"closest fitting config: {words} (peak {gib(cand.peak_bytes)} GiB); "
-            "change it in the job (dssup cannot rewrite where it is stated)",
+            f"closest fitting config: {words} (peak {gib(cand.peak_bytes)} GiB); set "
+            f"{_settings(ev, change, evaluator.cache)} (dssup cannot change it where the pods would see it)",
             words,
         )
     closest = res.closest

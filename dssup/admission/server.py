@@ -15,6 +15,7 @@ import contextlib
 import gc
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dssup.admission.adapter import Adapter
 from dssup.admission.asgi import HealthApp, WebhookApp
 from dssup.admission.cache import ClusterCache
-from dssup.admission.corked import CorkedHttpToolsProtocol
+from dssup.admission.corked import ReadLimits, protocol_class
 from dssup.admission.tls import CertReloader
 
 __all__ = ["Background", "ServeOptions", "WebhookServer", "start_background", "tune_gc"]
@@ -56,6 +57,24 @@ class ServeOptions(BaseModel):
         90, ge=1, description="idle keep-alive seconds (apiserver reuses conns)"
     )
     drain_s: float = Field(3.0, ge=0, description="seconds not-ready before stopping on SIGTERM")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="seconds a request's headers may take from its first byte"
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="seconds a request's body may take after its headers"
+    )
+    max_header_bytes: int = Field(
+        32 << 10, ge=1024, description="largest request line plus headers (431 past it)"
+    )
+    judge_deadline_s: float = Field(
+        1.0,
+        gt=0,
+        description="seconds after which a large review (judged off the event loop) is "
+        "allowed unjudged, with a warning; well under the webhook's timeoutSeconds (2)",
+    )
+    offload_bytes: int = Field(
+        64 << 10, ge=0, description="bodies larger than this are judged on a worker thread"
+    )
     tune_gc: bool = Field(
         True, description="gc.freeze() after start-up and a larger gen-0 threshold"
     )
@@ -89,18 +108,27 @@ class WebhookServer:
         self.reloader = CertReloader(opts.cert_file, opts.key_file)
         self._draining = False
         render = getattr(metrics_text, "render", None)
+        limits = ReadLimits(opts.header_timeout_s, opts.body_timeout_s, opts.max_header_bytes)
         common: dict[str, Any] = {
             "lifespan": "off",
             "access_log": False,
             "log_config": None,
             "loop": "none",
-            "http": CorkedHttpToolsProtocol,
+            "http": protocol_class(limits),
             "server_header": False,
             "date_header": False,
+            # requests in flight at shutdown get this long; idle connections are dropped at once
+            "timeout_graceful_shutdown": 1,
         }
+        self.app = WebhookApp(
+            adapter,
+            opts.max_body_bytes,
+            offload_bytes=opts.offload_bytes,
+            deadline_s=opts.judge_deadline_s,
+        )
         self.main = _Server(
             uvicorn.Config(
-                WebhookApp(adapter, opts.max_body_bytes),
+                self.app,
                 host=opts.host,
                 port=opts.port,
                 ssl_context_factory=lambda _cfg, _default: self.reloader.context,
@@ -124,6 +152,9 @@ class WebhookServer:
         self._loop = asyncio.get_running_loop()
         if self.opts.tune_gc:
             tune_gc()
+        # A large review judged on a worker thread holds the GIL in slices of the switch
+        # interval; 1 ms (instead of 5) keeps small reviews on the loop answered promptly.
+        sys.setswitchinterval(0.001)
         watcher = asyncio.create_task(self.reloader.watch(self.opts.reload_interval_s))
         try:
             await asyncio.gather(
@@ -132,6 +163,7 @@ class WebhookServer:
             )
         finally:
             watcher.cancel()
+            self.app.close()
 
     async def _drain(self) -> None:
         self._draining = True

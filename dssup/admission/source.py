@@ -15,17 +15,25 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from dssup.admission import annotations as ann
-from dssup.admission.argv import Hit, find_launch
+from dssup.admission.argv import MAX_SCRIPT, Hit, find_launch
 from dssup.admission.cache import ClusterCache
 from dssup.admission.flags import DS_CONFIG, ENV, HF, MEGATRON, SWITCHES, all_names
-from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView
-from dssup.errors import ConfigError
+from dssup.admission.view import ContainerView, EnvVar, JobView, PodSetView, annotation_ref
+from dssup.errors import ConfigError, DssupError
 
-__all__ = ["Found", "Sources", "config_key", "positive", "read_sources", "switch"]
+__all__ = ["Found", "Incomplete", "Sources", "config_key", "positive", "read_sources", "switch"]
 
 _ALL = all_names()
 _FLAG_TABLES = (("megatron", MEGATRON), ("hf", HF))
 _FLAG_KNOBS = frozenset(MEGATRON) | frozenset(HF)
+
+
+class Incomplete(DssupError):
+    """The job does not state enough to be judged; ``missing`` says what to add."""
+
+    def __init__(self, missing: list[str]) -> None:
+        self.missing = missing
+        super().__init__("; ".join(missing))
 
 
 class Found(NamedTuple):
@@ -47,11 +55,22 @@ class Sources:
     deepspeed: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    _envs: dict[str, EnvVar] | None = None
+    _envs: dict[str, tuple[PodSetView, EnvVar]] | None = None
     _by_knob: Mapping[str, Found] = field(default_factory=dict)
     launch: tuple[
         tuple[tuple[str, ...], tuple[str, ...]], ...
     ] = ()  # (command, args) per GPU container
+    deepspeed_inline: Hit | None = None  # the flag holding inline DeepSpeed JSON, if any
+
+    def value(self, names: frozenset[str]) -> str | None:
+        """The value of the statement of ``names`` that counts (the last), if any."""
+        hit = _first(self.flags, names)
+        return hit.value if hit is not None else None
+
+    def literal_env(self, name: str) -> str | None:
+        """A literal env value of the GPU containers (the first container stating it)."""
+        found = self._env_index().get(name)
+        return found[1].value if found is not None else None
 
     def flag(self, names: frozenset[str]) -> Hit | None:
         return _first(self.flags, names)
@@ -59,12 +78,12 @@ class Sources:
     def has(self, names: frozenset[str]) -> bool:
         return any(self.flags.get(n) for n in names)
 
-    def _env_index(self) -> dict[str, EnvVar]:
+    def _env_index(self) -> dict[str, tuple[PodSetView, EnvVar]]:
         if self._envs is None:
             self._envs = {}
-            for _, c in self.containers:
+            for ps, c in self.containers:
                 for var in c.env:
-                    self._envs.setdefault(var.name, var)
+                    self._envs.setdefault(var.name, (ps, var))
         return self._envs
 
     def env(self, knob: str, cache: ClusterCache) -> Found | None:
@@ -72,18 +91,23 @@ class Sources:
         if not index:
             return None
         for name in ENV.get(knob, ()):
-            var = index.get(name)
-            if var is not None:
-                if var.value is not None:
-                    return Found(var.value, "env", f"env {var.name}")
-                if var.config_map:
-                    data = cache.config_map(self.view.namespace, var.config_map[0])
-                    if data is None:
-                        self.warnings.append(
-                            f"cache miss: ConfigMap {var.config_map[0]} for env {var.name}"
-                        )
-                    elif var.config_map[1] in data:
-                        return Found(data[var.config_map[1]], "env-configmap", f"env {var.name}")
+            found = index.get(name)
+            if found is None:
+                continue
+            ps, var = found
+            if var.value is not None:
+                return Found(var.value, "env", f"env {var.name}")
+            key = annotation_ref(var.field_ref)
+            if key is not None and key in ps.annotations:
+                return Found(ps.annotations[key], "downward", f"env {var.name} (annotation {key})")
+            if var.config_map:
+                data = cache.config_map(self.view.namespace, var.config_map[0])
+                if data is None:
+                    raise Incomplete(
+                        [f"cache miss: ConfigMap {var.config_map[0]} for env {var.name}"]
+                    )
+                if var.config_map[1] in data:
+                    return Found(data[var.config_map[1]], "env-configmap", f"env {var.name}")
         return None
 
     def lookup(self, knob: str, annotation: str | None, cache: ClusterCache) -> Found | None:
@@ -104,11 +128,16 @@ class Sources:
         return None
 
 
+def _position(hit: Hit) -> tuple[bool, int, str]:
+    return hit.field == "args", hit.index, hit.flag
+
+
 def _first(flags: Mapping[str, Sequence[Hit]], names: frozenset[str]) -> Hit | None:
-    """The first occurrence of any spelling in ``names`` (alphabetical over spellings, so the
+    """The statement that counts among the spellings in ``names``: the last one on the launch
+    line, as argparse and Megatron read a flag given twice (ties broken by spelling, so the
     answer does not depend on set iteration order)."""
-    found = [hits[0] for name in names if (hits := flags.get(name))]
-    return min(found, key=lambda h: h.flag) if found else None
+    found = [hits[-1] for name in names if (hits := flags.get(name))]
+    return max(found, key=_position) if found else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +159,7 @@ def _index(launch: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]) -> _Inde
             lists.setdefault(hit.flag, []).append(hit)
     flags = {name: tuple(hits) for name, hits in lists.items()}
     warnings = tuple(
-        f"{name} differs between containers; using {hits[0].value}"
+        f"{name} is given {len(hits)} times with different values; using the last, {hits[-1].value}"
         for name, hits in flags.items()
         if len({h.value for h in hits}) > 1
     )
@@ -144,9 +173,24 @@ def _index(launch: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]) -> _Inde
     return _Index(flags, by_knob, warnings, _first(flags, HF["deepspeed"]))
 
 
-def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any] | None:
-    if not hit.value or hit.value.startswith("{"):
+def _inline(src: Sources, hit: Hit) -> Mapping[str, Any] | None:
+    try:
+        doc = json.loads(hit.value or "")
+    except ValueError:
+        src.problems.append(f"{hit.flag} holds text that is not DeepSpeed JSON")
         return None
+    if not isinstance(doc, Mapping):
+        src.problems.append(f"{hit.flag} holds JSON that is not an object")
+        return None
+    src.deepspeed_inline = hit
+    return doc
+
+
+def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any] | None:
+    if not hit.value:
+        return None
+    if hit.value.lstrip().startswith("{"):
+        return _inline(src, hit)
     path = hit.value
     for ps, c in src.containers:
         for vol, mount in c.mounts:
@@ -158,7 +202,10 @@ def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any]
             key = next((k for k, p in items.items() if p == rel), rel)
             data = cache.config_map(src.view.namespace, cm_name)
             if data is None:
-                src.warnings.append(f"cache miss: ConfigMap {cm_name} holding the DeepSpeed config")
+                src.problems.append(
+                    f"cache miss: ConfigMap {cm_name} holding the DeepSpeed config {path} (is it "
+                    "labelled dssup.io/watch=true?)"
+                )
                 return None
             try:
                 doc = json.loads(data.get(key, ""))
@@ -166,7 +213,10 @@ def _deepspeed(src: Sources, cache: ClusterCache, hit: Hit) -> Mapping[str, Any]
                 src.problems.append(f"ConfigMap {cm_name} key {key} is not DeepSpeed JSON")
                 return None
             return doc if isinstance(doc, Mapping) else None
-    src.warnings.append(f"DeepSpeed config {path} is not mounted from a ConfigMap; not read")
+    src.problems.append(
+        f"DeepSpeed config {path} is not mounted from a ConfigMap, so dssup cannot read its ZeRO "
+        "stage and batch sizes (mount it from a ConfigMap or state them as dssup.io/ annotations)"
+    )
     return None
 
 
@@ -177,7 +227,12 @@ def read_sources(
     ``sets``: the view's ``training_sets`` when the caller has them already."""
     sets = view.training_sets if sets is None else sets
     containers = [(ps, c) for ps in sets for c in ps.containers if c.gpus > 0]
+    if len(sets) != len(view.pod_sets):  # launchers without GPUs (an MPIJob's mpirun line)
+        containers += [(ps, c) for ps in view.pod_sets for c in ps.containers if c.launcher]
     launch = tuple((c.command, c.args) for _, c in containers)
+    oversized = [
+        len(e) for command, args in launch for e in (*command, *args) if len(e) > MAX_SCRIPT
+    ]
     index = _index(launch)
     src = Sources(
         view,
@@ -190,6 +245,12 @@ def read_sources(
         index.by_knob,
         launch,
     )  # positional, in field order: a slotted dataclass from keywords costs more per review
+    src.warnings.extend(n for n in view.notes if n.startswith("GPU from"))
+    if oversized:
+        src.problems.append(
+            f"a launch line element of {max(oversized):,} bytes is over the {MAX_SCRIPT:,} bytes "
+            "dssup reads; state the config as dssup.io/ annotations"
+        )
     if index.deepspeed is not None:
         src.deepspeed = _deepspeed(src, cache, index.deepspeed)
     return src
@@ -222,7 +283,7 @@ def positive(found: Found | None, knob: str) -> int | None:
     if found is None:
         return None
     text = found.value.strip()
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ConfigError(
             found.where,
             f"{knob} {found.value!r} is not a positive integer",

@@ -12,10 +12,19 @@ times as much to construct.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-__all__ = ["ContainerView", "EnvVar", "JobView", "PodSetView", "escape"]
+__all__ = ["ContainerView", "EnvVar", "JobView", "PodSetView", "annotation_ref", "escape"]
+
+_ANNOTATION_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
+
+
+def annotation_ref(field_path: str | None) -> str | None:
+    """The annotation a downward-API ``fieldRef`` path reads, if it reads one."""
+    m = _ANNOTATION_REF.match(field_path) if field_path else None
+    return m.group(1) if m else None
 
 
 def escape(token: str) -> str:
@@ -30,6 +39,7 @@ class EnvVar(NamedTuple):
     value: str | None
     config_map: tuple[str, str] | None = None  # (name, key) of valueFrom.configMapKeyRef
     position: int = -1  # index in the env list of the admitted object; -1 = inherited
+    field_ref: str | None = None  # valueFrom.fieldRef.fieldPath (the downward API)
 
 
 class ContainerView(NamedTuple):
@@ -46,6 +56,7 @@ class ContainerView(NamedTuple):
     env_path: str
     command_present: bool = True
     args_present: bool = True
+    launcher: bool = False  # starts the job without GPUs of its own (an MPIJob launcher)
 
 
 class PodSetView(NamedTuple):
@@ -60,6 +71,10 @@ class PodSetView(NamedTuple):
     scale_paths: tuple[str, ...] = ()  # pointers that hold the unit count (replicas, parallelism)
     scale_step: int = 1  # pods per unit (JobSet: parallelism of the replicated job)
     max_units: int | None = None  # a limit the job itself states (PyTorchJob elasticPolicy)
+    annotations: Mapping[str, str] = {}  # the pod template's own (they reach the pods)
+    meta_path: str = ""  # pointer of the template's metadata ("" when it cannot be patched)
+    annotations_present: bool = False
+    downward: frozenset[str] = frozenset()  # template annotations the pods read (downward API)
 
     @property
     def gpus(self) -> int:
@@ -76,6 +91,8 @@ class JobView(NamedTuple):
     annotations_present: bool
     pod_sets: tuple[PodSetView, ...]
     notes: tuple[str, ...] = ()
+    api_version: str = ""
+    model_refs: tuple[tuple[str, str], ...] = ()  # (where, reference) the kind itself states
 
     @property
     def world_size(self) -> int:

@@ -22,6 +22,7 @@ from dssup.errors import MalformedReview
 __all__ = [
     "API_VERSION",
     "AdmissionRequest",
+    "clean",
     "copy_json",
     "dumps",
     "encode_patch",
@@ -37,11 +38,17 @@ OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
 def loads(body: bytes | str) -> Any:
     """orjson (half the time of json) with the standard library as the fallback for what orjson
-    refuses (integers beyond 64 bits); raises ``ValueError`` for text that is not JSON."""
+    refuses (integers beyond 64 bits); raises ``ValueError`` for text that is not JSON or that
+    nests deeper than orjson's 1,024 levels (the fallback would recurse until RecursionError)."""
     try:
         return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return json.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if "recursion" in str(exc).lower():
+            raise ValueError("JSON nested deeper than 1024 levels") from None
+        try:
+            return json.loads(body)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
 
 def dumps(doc: Any) -> bytes:
@@ -136,6 +143,15 @@ def parse_review(body: bytes | str | Mapping[str, Any]) -> AdmissionRequest:
     )
 
 
+# C0 and C1 control characters and DEL: echoed text goes into HTTP Warning headers and logs.
+_CONTROL = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)])
+
+
+def clean(text: str) -> str:
+    """``text`` without control characters (a job's own strings are echoed in answers)."""
+    return text.translate(_CONTROL) if not text.isprintable() else text
+
+
 def encode_patch(ops: Sequence[Mapping[str, Any]]) -> str:
     """RFC 6902 operations as the base64 string ``response.patch`` carries."""
     return base64.b64encode(dumps(list(ops))).decode("ascii")
@@ -158,9 +174,9 @@ def response_document(
         resp["patchType"] = "JSONPatch"
         resp["patch"] = encode_patch(patch)
     if not allowed:
-        resp["status"] = {"code": max(code, 400), "reason": reason, "message": message}
+        resp["status"] = {"code": max(code, 400), "reason": reason, "message": clean(message)}
     if warnings:
-        resp["warnings"] = list(warnings)
+        resp["warnings"] = [clean(w) for w in warnings]
     if audit:
         resp["auditAnnotations"] = dict(audit)
     return {"apiVersion": API_VERSION, "kind": KIND, "response": resp}

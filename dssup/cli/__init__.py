@@ -16,6 +16,7 @@ __all__ = ["main"]
 # Sub-command modules; each adds itself to ``main`` on import.
 for _name in (
     "estimate",
+    "models",
     "plan",
     "demo",
     "run",
@@ -25,6 +26,7 @@ for _name in (
     "measure",
     "calibrate",
     "elastic",
+    "gpus",
 ):
     try:
         importlib.import_module(f"dssup.cli.{_name}")

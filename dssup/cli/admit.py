@@ -59,9 +59,7 @@ def policy_options(fn: Any) -> Any:
 
 
 def policy_settings(o: dict[str, Any]) -> PolicySettings:
-    reserve = (
-        0 if o["reserve"].strip() in {"0", "0GiB", "0B"} else parse_size(o["reserve"], "--reserve")
-    )
+    reserve = parse_size(o["reserve"], "--reserve", gpu=False, zero=True)
     if not 0 <= o["plan_margin"] < 1:
         raise ConfigError("--plan-margin", f"{o['plan_margin']} is outside [0, 1)", "use e.g. 0.05")
     return PolicySettings(
@@ -78,7 +76,9 @@ def _text(result: AdmitResult) -> str:
     d = result.decision
     verdict = "ALLOWED" if d.allowed else "DENIED"
     lines = [f"{result.name}: {verdict} ({d.code})", f"  {d.message}"]
+    lines += [f"  namespace mode: {result.namespace_mode}"]
     lines += [f"  warning: {w}" for w in d.warnings]
+    lines += [f"  note: {n}" for n in result.notes]
     if d.patch:
         lines += ["", result.diff().rstrip()]
     bd = d.breakdown
@@ -99,6 +99,23 @@ def _text(result: AdmitResult) -> str:
                 f"{s['optimizerGiB']:>10} {s['activationsGiB']:>12}{mark}"
             )
     return "\n".join(lines)
+
+
+def _read(name: str, flag: str) -> str:
+    """A manifest's text; ``ConfigError`` (exit 2) for unreadable or binary files."""
+    try:
+        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            flag, f"cannot read {name}: {exc.strerror}", "pass a readable file"
+        ) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(flag, f"{name} is not UTF-8 text", "pass a YAML manifest") from None
+    if "\x00" in text:
+        raise ConfigError(flag, f"{name} is a binary file", "pass a YAML manifest")
+    return text
 
 
 @main.command("admit")
@@ -126,6 +143,19 @@ def _text(result: AdmitResult) -> str:
 )
 @click.option("--no-mutate", is_flag=True, help="Only validate: do not try to resize.")
 @click.option(
+    "--namespace-mode",
+    type=click.Choice(["enforce", "warn", "off"]),
+    default=None,
+    help="Judge as in an enforcing namespace (resize, deny), a warning one (warnings only) or "
+    "an excluded one. Default: what a Namespace in the input says, else enforce.",
+)
+@click.option(
+    "--configmap-selector",
+    default="dssup.io/watch=true",
+    show_default=True,
+    help="ConfigMaps the webhook watches; others in the input are not used (as in the server).",
+)
+@click.option(
     "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
 @click.option("--json", "as_json", is_flag=True, help="Same as --output json.")
@@ -135,6 +165,8 @@ def admit_cmd(
     cluster: tuple[str, ...],
     namespace: str,
     no_mutate: bool,
+    namespace_mode: str | None,
+    configmap_selector: str,
     output: str,
     as_json: bool,
     **o: Any,
@@ -142,24 +174,21 @@ def admit_cmd(
     """Judge a job manifest like the admission webhook would.
 
     \b
+    Example:
+      dssup admit -f examples/k8s/pytorchjob-deepseek-v3.yaml --namespace-mode enforce
+    \b
     Exit status: 0 allowed (patched or not), 1 denied, 2 unusable input.
-    JSON (--output json): {"allowed", "code", "message", "warnings", "patch"} for one job,
-    a list of those for several.
+    JSON (--output json): {"allowed", "code", "message", "warnings", "patch",
+    "namespaceMode", "notes"} for one job, a list of those for several.
     """
-    texts = []
-    for f in files:
-        try:
-            texts.append(sys.stdin.read() if f == "-" else Path(f).read_text())
-        except OSError as exc:
-            raise ConfigError(
-                "-f", f"cannot read {f}: {exc.strerror}", "pass a readable file"
-            ) from None
-    texts += [Path(c).read_text() for c in cluster]
+    texts = [_read(f, "-f") for f in files] + [_read(c, "--cluster") for c in cluster]
     results = admit(
         load_documents(texts),
         namespace=namespace,
         mutate=not no_mutate,
         settings=policy_settings(o),
+        namespace_mode=namespace_mode,  # type: ignore[arg-type]
+        configmap_selector=configmap_selector,
     )
     if as_json or output == "json":
         docs = [r.to_json() for r in results]

@@ -42,8 +42,12 @@ def _flag(field: str) -> str:
 
 
 def _first_error(exc: ValidationError) -> str:
-    """One line from pydantic's report: the field as a flag, the problem, the fix."""
+    """One line from pydantic's report: the field as a flag, the problem, the fix (a
+    ``ConfigError`` raised by a model's own validator names its field itself)."""
     err = exc.errors(include_url=False)[0]
+    inner = (err.get("ctx") or {}).get("error")
+    if isinstance(inner, ConfigError):
+        return f"{_flag(inner.field)}: {inner.problem}" + (f"; {inner.fix}" if inner.fix else "")
     field = ".".join(str(p) for p in err["loc"]) or exc.title
     msg = str(err["msg"]).removeprefix("Value error, ")
     ctx = err.get("ctx") or {}

@@ -57,7 +57,7 @@ def plan_elastic(o: dict[str, Any]) -> ElasticTable:
     memory = None
     if gpus and not o.get("no_memory"):
         memory = MemoryContext(
-            model=load_model(o["model"]),
+            model=load_model(o["model"], o.get("approximate_as")),
             layout=build_layout(o, 1),
             base=build_training({**o, "zero": 0, "offload": "none"}, 1),
             gpu_memory_bytes=next(iter(gpus.values())),

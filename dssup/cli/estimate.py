@@ -11,6 +11,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.options import (
     build_inputs,
+    host_inputs,
     layout_options,
     model_options,
     overhead_options,
@@ -52,6 +53,13 @@ def _dp_and_accum(o: dict[str, Any]) -> tuple[int, int]:
                 f"drop --grad-accum or set it to {gbs // rows}",
             )
         accum = gbs // rows
+    if accum is None and o["pp"] > 1:
+        raise ConfigError(
+            "--global-batch-size",
+            f"with --pp {o['pp']} the micro-batches in flight depend on the accumulation, "
+            "which is not given",
+            "pass --global-batch-size (or --grad-accum)",
+        )
     return dp, accum or 1
 
 
@@ -59,7 +67,10 @@ def run_estimate(o: dict[str, Any]) -> Estimate:
     """Build inputs from parsed flags and estimate (shared with ``dssup demo``)."""
     dp, accum = _dp_and_accum(o)
     model, layout, training, overheads, gpu = build_inputs(o, dp, accum)
-    return estimate(model, layout, training, overheads, o["convention"], gpu)
+    host, per_node, source = host_inputs(o)
+    est = estimate(model, layout, training, overheads, o["convention"], gpu, host, per_node)
+    line = f"GPUs per node: {per_node} ({source})"
+    return est.model_copy(update={"assumptions": [*est.assumptions, line]})
 
 
 @main.command("estimate")
@@ -101,11 +112,25 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
 
     \b
     Examples:
-      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB
-      dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32
+      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB \\
+          --global-batch-size 1024
+      dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32 \\
+          --grad-accum 16
+      dssup estimate --model deepseek-v3 --tp 1 --pp 16 --ep 64 --gpus 2048 --schedule dualpipe \\
+          --layers-per-stage 3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 --global-batch-size 15360 --zero 1 \\
+          --precision fp8 --dtypes moments=bf16 --framework deepseek --recompute selective \\
+          --gpu-memory H800   # DeepSeek-V3 as trained (docs/memory-model.md)
       dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
           --global-batch-size 512 --recompute selective --json
-    Exit status: 0 fits (or no --gpu-memory), 1 does not fit, 2 bad input.
+      dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
+          --global-batch-size 512 --zero 1
+      dssup estimate --model llama-3-70b --gpus 8 --zero 3 --offload both \\
+          --gpu-memory H100 --host-memory 2TiB
+    Hub ids, presets and the model types read exactly: dssup models.
+    With --host-memory (per node) the host is checked too: offloaded optimizer states and
+    parameters as DeepSpeed keeps them, times the GPUs per node (--gpus-per-node, default from
+    the GPU table), and the model build on the host when --host-load-dtype says so.
+    Exit status: 0 fits (or nothing to check), 1 does not fit the GPU or the host, 2 bad input.
     """
     est = run_estimate(o)
     if plot is not None:

@@ -15,7 +15,7 @@ import click
 
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
-from dssup.memory.gpus import parse_size
+from dssup.memory.gpus import find_gpu, parse_size
 from dssup.memory.profile import EagerProfile
 from dssup.memory.traced import TracedProfile
 from dssup.memory.traced_stage import profile_from_json
@@ -23,6 +23,7 @@ from dssup.modelio import load_model
 
 __all__ = [
     "build_inputs",
+    "host_inputs",
     "layout_options",
     "load_profile",
     "model_options",
@@ -43,6 +44,11 @@ def _apply(options: list[Callable[[F], F]]) -> Callable[[F], F]:
     return deco
 
 
+def _choice(flag: str, choices: list[str], help: str) -> Callable[[F], F]:
+    """An optional choice whose default is decided downstream (and printed there)."""
+    return click.option(flag, type=click.Choice(choices), default=None, help=help)
+
+
 def model_options(fn: F) -> F:
     return _apply(
         [
@@ -51,8 +57,16 @@ def model_options(fn: F) -> F:
                 "-m",
                 default="deepseek-v3",
                 show_default=True,
-                help="Preset name (deepseek-v3, deepseek-v2, deepseek-v2-lite, llama-3-8b, "
-                "mixtral-8x7b, ...) or a path to a Hugging Face config.json (or its folder).",
+                help="A Hugging Face config.json (or its folder), a Hub id dssup ships "
+                "(meta-llama/Meta-Llama-3-70B, ...: see `dssup models`) or a preset "
+                "(deepseek-v3, llama-3-8b, ...).",
+            ),
+            click.option(
+                "--approximate-as",
+                default=None,
+                metavar="TYPE",
+                help="Read a config whose model_type dssup does not know as this known type "
+                "(e.g. llama, deepseek_v3, or generic); stated among the assumptions.",
             ),
             click.option(
                 "--convention",
@@ -65,7 +79,22 @@ def model_options(fn: F) -> F:
             click.option(
                 "--gpu-memory",
                 default=None,
-                help="GPU capacity to check against: 80GiB, 80GB, or a GPU name (H100, A100-40GB).",
+                help="GPU capacity to check against: 80GiB, 80GB, or a GPU name (H100, "
+                "A100-40GB, NVIDIA-H100-80GB-HBM3) read as its driver reports it; `dssup gpus` "
+                "lists the names. A bare number is refused.",
+            ),
+            click.option(
+                "--host-memory",
+                default=None,
+                help="Host (CPU) memory per node to check against, e.g. 2TiB: offloaded states "
+                "and the model build must fit it too.",
+            ),
+            click.option(
+                "--gpus-per-node",
+                type=click.IntRange(min=1),
+                default=None,
+                help="GPUs sharing one host (default: the reference node of the --gpu-memory "
+                "GPU, e.g. 8 for H100; else 8).",
             ),
         ]
     )(fn)
@@ -109,7 +138,15 @@ def layout_options(fn: F) -> F:
             click.option(
                 "--layers-per-stage",
                 default=None,
-                help="Explicit split, e.g. 4,4,4,...,1 (one count per stage; default: even).",
+                help="Explicit split, e.g. 4,4,4,...,1 (one count per stage, pp*vpp with "
+                "interleaving; default: even).",
+            ),
+            click.option(
+                "--vpp-group",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Interleaved: micro-batches per virtual stage at a time (Megatron "
+                "--microbatch-group-size-per-virtual-pipeline-stage; default: pp).",
             ),
         ]
     )(fn)
@@ -141,12 +178,64 @@ def training_options(fn: F) -> F:
                 type=click.Choice(["none", "selective", "full"]),
                 default="none",
                 show_default=True,
-                help="Activation recomputation.",
+                help="Activation recomputation (transformers/deepspeed: full = "
+                "gradient_checkpointing_enable, one checkpoint per decoder layer).",
+            ),
+            click.option(
+                "--recompute-modules",
+                default=None,
+                help="Selective recompute: Megatron --recompute-modules, comma-separated from "
+                "core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts "
+                "(default core_attn, Megatron's).",
+            ),
+            click.option(
+                "--recompute-method",
+                type=click.Choice(["uniform", "block"]),
+                default=None,
+                help="Full recompute: checkpoint every unit of --recompute-num-layers layers "
+                "(uniform, default) or only the first that many layers of each stage (block).",
+            ),
+            click.option(
+                "--recompute-num-layers",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Full recompute: layers per unit (uniform) or per stage (block); default 1.",
             ),
             click.option(
                 "--flash-attn/--no-flash-attn",
                 default=None,
-                help="Fused attention (no s^2 scores). Default: on for megatron, off for paper.",
+                help="Fused attention (no s^2 scores) or the framework's unfused one. Default: "
+                "on for megatron, off for paper.",
+            ),
+            _choice(
+                "--attention",
+                ["flash", "sdpa", "eager"],
+                "Attention kernel: flash, sdpa (PyTorch; math path when q/k and v head "
+                "dims differ) or eager (stored probabilities). Default: by framework.",
+            ),
+            _choice(
+                "--framework",
+                ["megatron", "deepseek", "deepspeed", "transformers"],
+                "Training code whose kernels decide what is stored: loss, norms, SwiGLU, "
+                "MTP, Adam (megatron convention; default megatron).",
+            ),
+            _choice(
+                "--loss",
+                ["fused", "unfused"],
+                "Cross-entropy: fused vocab-parallel, or unfused (FP32 log-softmax and "
+                "two FP32 gradients at the start of backward). Default: by framework.",
+            ),
+            click.option(
+                "--mtp/--no-mtp",
+                default=None,
+                help="Build the model's multi-token-prediction modules (default: megatron yes, "
+                "transformers and deepspeed no).",
+            ),
+            _choice(
+                "--optimizer",
+                ["fused", "foreach", "forloop"],
+                "Adam implementation: fused (no step temporaries), foreach (one "
+                "moment-sized temporary), forloop. Default: by framework.",
             ),
             click.option(
                 "--zero",
@@ -164,9 +253,10 @@ def training_options(fn: F) -> F:
             ),
             click.option(
                 "--precision",
-                type=click.Choice(["bf16", "fp16", "bf16-lowmom", "fp32"]),
+                type=click.Choice(["bf16", "fp16", "bf16-lowmom", "fp8", "fp32"]),
                 default=None,
-                help="Bytes per state (default: convention's; paper = bf16-lowmom).",
+                help="Bytes per state (default: convention's; paper = bf16-lowmom). fp8: bf16 "
+                "with linear-layer inputs cached in FP8 (TransformerEngine, DeepSeek-V3).",
             ),
             click.option(
                 "--calibration",
@@ -179,7 +269,9 @@ def training_options(fn: F) -> F:
                 "--dtypes",
                 default=None,
                 help="Per-state dtypes on top of --precision, e.g. "
-                "weights=bf16,grads=fp32,master=fp32,moments=bf16 (master may be none).",
+                "weights=bf16,grads=fp32,master=fp32,moments=bf16 (master may be none); "
+                "activations=fp32|bf16|fp16 is the compute dtype, activations=fp8 caches "
+                "linear-layer inputs in FP8.",
             ),
             click.option(
                 "--moe-imbalance",
@@ -206,6 +298,22 @@ def overhead_options(fn: F) -> F:
             ),
             click.option(
                 "--cuda-context", default=None, help="CUDA context per GPU (e.g. 0.75GiB)."
+            ),
+            click.option(
+                "--host-overhead",
+                type=click.FloatRange(min=0.0),
+                default=None,
+                help="Host memory over the exact offloaded states, as a fraction (default 0.5, "
+                "DeepSpeed's estimator's 1.5 buffer factor).",
+            ),
+            click.option(
+                "--host-load-dtype",
+                type=click.Choice(["none", "bf16", "fp16", "fp32"]),
+                default="none",
+                show_default=True,
+                help="Dtype in which every process builds the whole model on the host before "
+                "partitioning (HF from_pretrained + DeepSpeed ZeRO 1/2: the checkpoint's dtype; "
+                "ZeRO 3 zero.Init: one layer). none: built on the GPU (Megatron).",
             ),
         ]
     )(fn)
@@ -240,7 +348,7 @@ def _precision(name: str | None, dtypes: str | None) -> Precision | None:
     if not dtypes:
         return Precision.named(name) if name else None
     base = Precision.named(name or "bf16")
-    update: dict[str, int] = {}
+    update: dict[str, int | bool] = {}
     for item in dtypes.split(","):
         key, _, dtype = item.partition("=")
         key, dtype = key.strip(), dtype.strip().lower()
@@ -251,8 +359,24 @@ def _precision(name: str | None, dtypes: str | None) -> Precision | None:
                 f"use key=dtype with keys {', '.join(sorted(_KEYS))} and dtypes "
                 f"{', '.join(_BYTES)} (none only for master)",
             )
+        if key == "activations":
+            update["cache_fp8"] = dtype == "fp8"
+            update["activations"] = 2 if dtype == "fp8" else _BYTES[dtype]
+            continue
+        if dtype == "fp8":
+            raise ConfigError(
+                "--dtypes",
+                f"{key}=fp8 is not modelled (FP8 weights, gradients or optimizer states)",
+                "use fp8 only for activations",
+            )
         update[_KEYS[key]] = _BYTES[dtype]
-    return base.model_copy(update=update)
+    return Precision.model_validate({**base.model_dump(), **update})
+
+
+def _modules(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def load_profile(path: Path | None) -> EagerProfile | TracedProfile | None:
@@ -284,6 +408,7 @@ def build_layout(o: dict[str, Any], dp: int) -> Layout:
         cp=o["cp"],
         schedule=schedule,
         layers_per_stage=_split(o["layers_per_stage"]),
+        vpp_group=o.get("vpp_group"),
     )
 
 
@@ -300,24 +425,57 @@ def build_training(o: dict[str, Any], grad_accum: int) -> Training:
         precision=_precision(o.get("precision"), o.get("dtypes")),
         implementation=load_profile(o.get("calibration")),
         moe_imbalance=o["moe_imbalance"],
+        framework=o.get("framework"),
+        loss=o.get("loss"),
+        mtp=o.get("mtp"),
+        attention=o.get("attention"),
+        optimizer=o.get("optimizer"),
+        recompute_modules=_modules(o.get("recompute_modules")),
+        recompute_method=o.get("recompute_method"),
+        recompute_num_layers=o.get("recompute_num_layers"),
     )
 
 
 def build_overheads(o: dict[str, Any]) -> Overheads:
     return Overheads(
-        comm_buffer_bytes=parse_size(o["comm_buffer"], "--comm-buffer")
+        comm_buffer_bytes=parse_size(o["comm_buffer"], "--comm-buffer", gpu=False, zero=True)
         if o["comm_buffer"]
         else None,
         fragmentation=o["fragmentation"],
-        cuda_context_bytes=parse_size(o["cuda_context"], "--cuda-context")
+        cuda_context_bytes=parse_size(o["cuda_context"], "--cuda-context", gpu=False, zero=True)
         if o["cuda_context"]
         else None,
+        **_host_overheads(o),
     )
+
+
+def _host_overheads(o: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"host_load_bytes": _BYTES[o.get("host_load_dtype") or "none"]}
+    if o.get("host_overhead") is not None:
+        out["host_overhead"] = o["host_overhead"]
+    return out
+
+
+def host_inputs(o: dict[str, Any]) -> tuple[int | None, int, str]:
+    """(host memory per node or None, GPUs per node, where that count came from)."""
+    host = (
+        parse_size(o["host_memory"], "--host-memory", gpu=False) if o.get("host_memory") else None
+    )
+    if o.get("gpus_per_node"):
+        return host, o["gpus_per_node"], "--gpus-per-node"
+    spec = find_gpu(o["gpu_memory"], "--gpu-memory") if o.get("gpu_memory") else None
+    if spec is not None:
+        return (
+            host,
+            spec.system.gpus_per_node,
+            f"{spec.system.name}, the {spec.name} reference node",
+        )
+    return host, 8, "default; give --gpus-per-node or a GPU name in --gpu-memory"
 
 
 def build_inputs(
     o: dict[str, Any], dp: int, grad_accum: int
 ) -> tuple[ModelSpec, Layout, Training, Overheads, int | None]:
-    model = load_model(o["model"])
+    model = load_model(o["model"], o.get("approximate_as"))
     gpu = parse_size(o["gpu_memory"], "--gpu-memory") if o.get("gpu_memory") else None
     return model, build_layout(o, dp), build_training(o, grad_accum), build_overheads(o), gpu

@@ -12,6 +12,7 @@ from dssup.cli.options import (
     build_layout,
     build_overheads,
     build_training,
+    host_inputs,
     layout_options,
     model_options,
     overhead_options,
@@ -79,9 +80,11 @@ def plan_cmd(
     The flags --micro-batch, --recompute, --zero and --offload are ignored here (searched).
 
     \b
-    Example:
+    Examples:
       dssup plan --model deepseek-v3 --gpus 1024 --global-batch-size 1024 --gpu-memory H100 \\
           --tp 2 --pp 16 --ep 8
+      dssup plan --model llama-3-70b --gpus 64 --global-batch-size 512 --gpu-memory H100 \\
+          --host-memory 2TiB      # offload only where the node's host memory holds it
     Exit status: 0 something fits, 1 nothing fits, 2 bad input.
     """
     if o["nnodes"] is not None:
@@ -98,8 +101,9 @@ def plan_cmd(
             "--zero-stages", f"cannot read {zero_stages!r}", "write e.g. 0,1,2,3"
         ) from exc
     del o["nnodes"], o["nproc_per_node"]
+    host, per_node, source = host_inputs(o)
     req = PlanRequest(
-        model=load_model(o["model"]),
+        model=load_model(o["model"], o.get("approximate_as")),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
         global_batch=o["global_batch_size"],
         world_size=o["world_size"],
@@ -112,12 +116,15 @@ def plan_cmd(
         search_parallelism=search_parallelism,
         max_tp=max_tp,
         margin=margin,
+        host_memory_bytes=host,
+        gpus_per_node=per_node,
     )
     res = plan(req)
     if as_json:
         click.echo(json.dumps(res.model_dump(mode="json"), separators=(",", ":")))
     else:
         click.echo(render_plan(res, top))
+        click.echo(f"host per node: {per_node} GPUs per node ({source})")
     if not res.candidates:
         raise SystemExit(1)
 

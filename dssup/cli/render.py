@@ -31,22 +31,39 @@ _COLS = (
 )
 
 
+def _span(layers: list[int]) -> str:
+    return f"{layers[0]}-{layers[-1]}" if layers else "-"
+
+
+def _multi(est: Estimate) -> bool:
+    """Some device holds more than one stage (DualPipe, interleaved): show which."""
+    return any(len(st.held) > 1 for st in est.stages)
+
+
 def _stage_rows(est: Estimate) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
+    multi, extra = _multi(est), est.convention != "paper"
     for st in est.stages:
         b = st.bytes
-        layers = f"{st.layers[0]}-{st.layers[-1]}" if st.layers else "-"
+        layers = _span(st.layers)
         mark = "*" if st.stage == est.peak_stage else ""
+        in_flight = f"{b.in_flight_micro_batches}"
+        head: tuple[str, ...] = (f"{st.stage}{mark}", layers)
+        if multi:
+            layers = ",".join(_span(h.layers) for h in st.held)
+            in_flight = "+".join(str(h.in_flight_micro_batches) for h in st.held)
+            head = (f"{st.stage}{mark}", "+".join(str(h.stage) for h in st.held), layers)
+        work = (gib(b.backward_working_set + b.activation_constant),) if extra else ()
         rows.append(
             (
-                f"{st.stage}{mark}",
-                layers,
+                *head,
                 f"{st.params.total / 1e9:.2f}",
                 gib(b.weights),
                 gib(b.gradients),
                 gib(b.optimizer),
                 gib(b.activations),
-                f"{b.in_flight_micro_batches}",
+                in_flight,
+                *work,
                 gib(b.zero3_working_set),
                 gib(b.buffers),
                 gib(b.fragmentation),
@@ -56,6 +73,15 @@ def _stage_rows(est: Estimate) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _columns(est: Estimate) -> tuple[str, ...]:
+    cols: tuple[str, ...] = _COLS
+    if est.convention != "paper":  # the backward working set (and autocast's copies)
+        cols = (*cols[:8], "bwd", *cols[8:])
+    if _multi(est):
+        cols = ("device", "stages", *cols[1:])
+    return cols
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -71,18 +97,19 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
     lines = [
         f"{est.model}: per-GPU memory, {est.world_size} GPUs, convention {est.convention} (GiB)"
     ]
-    lines += _table(_COLS, _stage_rows(est))
+    lines += _table(_columns(est), _stage_rows(est))
     peak = est.peak
     lines.append(
         f"peak: stage {est.peak_stage} {gib(est.peak_bytes)} GiB in the {est.peak_phase} phase "
         f"({gib(peak.bytes.activations_per_micro_batch)} GiB activations per micro-batch)"
     )
     if est.gpu_memory_bytes is not None and est.headroom_bytes is not None:
-        verdict = "FITS" if est.fits else "DOES NOT FIT"
+        verdict = "FITS" if est.headroom_bytes >= 0 else "DOES NOT FIT"
         lines.append(
             f"GPU {gib(est.gpu_memory_bytes)} GiB: {verdict} "
             f"(headroom {gib(est.headroom_bytes)} GiB)"
         )
+    lines += _host_lines(est)
     if verbose:
         lines.append("activation terms of the peak stage (per micro-batch, GiB):")
         for name, nbytes in sorted(peak.activation_terms.items(), key=lambda kv: -kv[1]):
@@ -90,6 +117,26 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in est.assumptions]
     return "\n".join(lines)
+
+
+def _host_lines(est: Estimate) -> list[str]:
+    """Host memory per GPU and per node, and the host verdict when a limit was given."""
+    peak = max(est.stages, key=lambda s: max(s.host_bytes, s.host_init_bytes))
+    if est.host_bytes_per_node is None or not (peak.host_bytes or peak.host_init_bytes):
+        return []
+    per_gpu = f"{gib(peak.host_bytes)} GiB per GPU in training"
+    if peak.host_init_bytes:
+        per_gpu += f", {gib(peak.host_init_bytes)} GiB while the model is built"
+    line = (
+        f"host: {per_gpu}; {gib(est.host_bytes_per_node)} GiB per node of {est.gpus_per_node} GPUs"
+    )
+    if est.host_memory_bytes is not None and est.host_headroom_bytes is not None:
+        verdict = "FITS" if est.host_fits else "DOES NOT FIT"
+        line += (
+            f"; host {gib(est.host_memory_bytes)} GiB: {verdict} "
+            f"(headroom {gib(est.host_headroom_bytes)} GiB)"
+        )
+    return [line]
 
 
 def render_plan(res: PlanResult, top: int) -> str:
@@ -107,6 +154,7 @@ def render_plan(res: PlanResult, top: int) -> str:
         "peak GiB",
         "headroom",
         "step s",
+        "host/node",
         "phase",
     )
     rows: list[tuple[str, ...]] = []
@@ -128,6 +176,7 @@ def render_plan(res: PlanResult, top: int) -> str:
                 gib(c.peak_bytes),
                 gib(c.headroom_bytes),
                 f"{c.step_time_s:.3f}",
+                gib(c.host_bytes_per_node),
                 c.phase,
             )
         )
@@ -135,6 +184,11 @@ def render_plan(res: PlanResult, top: int) -> str:
         f"{res.fitting} of {res.evaluated} configs fit; cheapest first (micro x accum x dp = "
         "global batch in every row)"
     ]
+    if res.host_limited:
+        lines.append(
+            f"{res.host_limited} configs fit the GPU but not the host memory (the least needs "
+            f"{gib(res.host_limited_bytes or 0)} GiB per node)"
+        )
     if rows:
         lines += _table(header, rows)
     elif res.closest is not None:

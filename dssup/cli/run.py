@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +21,28 @@ from dssup.errors import ConfigError
 from dssup.obs.metrics import Metrics, NullMetrics, PrometheusMetrics
 from dssup.supervisor import (
     Journal,
+    LaunchCommand,
     RemedyPlanner,
     Supervisor,
     SupervisorConfig,
-    TorchrunCommand,
     TrainingPlan,
     parse_command,
 )
 from dssup.supervisor.adapters import PlanAdapter, adapter_applies, load_adapters
 from dssup.supervisor.contract import read_plan_flags
-from dssup.supervisor.story import story, summarize
+from dssup.supervisor.handoff import build_handoff
+from dssup.supervisor.jobview import JobView
+from dssup.supervisor.story import global_batch_text, story, summarize
 
 __all__ = ["build_supervisor", "initial_plan", "print_summary", "run_cmd"]
 
 EXIT_HELP = """\b
 Exit status: 0 the job finished (after any number of recoveries); 3 it finished, but a
 recovery was judged broken (the loss jumped or samples were skipped after a resume: see the
-journal's continuity record); after giving up, the last torchrun status (128+N when it died
-of signal N); 125 dssup's own failure; 126 the command is not runnable; 127 it was not found;
-2 bad usage.
+journal's continuity record), or the job reported a global batch other than the one dssup
+keeps (outcome batch-mismatch: see the journal's job-report record); after giving up, the
+last launcher status (128+N when it died of signal N); 125 dssup's own failure; 126 the
+command is not runnable; 127 it was not found; 2 bad usage.
 """
 
 
@@ -52,7 +56,12 @@ def _solve(gb: int | None, mb: int | None, gas: int | None, dp: int) -> tuple[An
             )
         want = gb // (mb * dp)
         if gas is not None and gas != want:
-            raise ConfigError("--grad-accum", f"{gas} != {gb}/({mb}x{dp})", "drop --grad-accum")
+            raise ConfigError(
+                "--grad-accum",
+                f"accumulation {gas} (from --grad-accum or the script's flag) != global batch "
+                f"{gb} / (micro-batch {mb} x {dp} data-parallel) = {want}",
+                "drop one of them; dssup sets the accumulation that keeps the global batch",
+            )
         return gb, mb, want
     if gb is not None:
         if gb % dp:
@@ -64,21 +73,33 @@ def _solve(gb: int | None, mb: int | None, gas: int | None, dp: int) -> tuple[An
 
 
 def initial_plan(
-    cmd: TorchrunCommand, o: dict[str, Any], adapters: list[PlanAdapter]
+    cmd: LaunchCommand,
+    o: dict[str, Any],
+    adapters: list[PlanAdapter],
+    found: dict[str, Any] | None = None,
+    defaults: Mapping[str, int] | None = None,
 ) -> TrainingPlan:
-    """Attempt 1's plan: dssup flags first, then the script's own flags, then adapters."""
+    """Attempt 1's plan: dssup flags first, then what the script's framework takes from the
+    command (``found``; by default the batch flags on it), then the framework's own defaults
+    where they agree with the rest (HF: per-device batch 8, accumulation 1), then adapters."""
     world = cmd.world_size()
     mp = o.get("tp", 1) * o.get("pp", 1) * o.get("cp", 1)
     if world % mp:
         raise ConfigError("--tp/--pp/--cp", f"tp*pp*cp={mp} does not divide {world} ranks", "")
-    found = read_plan_flags(cmd.script_args)
+    found = dict(read_plan_flags(cmd.script_args)) if found is None else found
     gb = o.get("global_batch_size") or found.get("global_batch")
     mb = o.get("micro_batch_size") or found.get("micro_batch")
     gas = o.get("grad_accum") or found.get("grad_accum")
-    gb, mb, gas = _solve(gb, mb, gas, world // mp)
+    dp, d = world // mp, defaults or {}
+    if mb is None and "micro_batch" in d and (gb is None or gb % (d["micro_batch"] * dp) == 0):
+        mb = d["micro_batch"]
+    if gb is None and gas is None and "grad_accum" in d:
+        gas = d["grad_accum"]
+    gb, mb, gas = _solve(gb, mb, gas, dp)
     plan = TrainingPlan(
         micro_batch=mb, grad_accum=gas, global_batch=gb, dp=world // mp, world_size=world,
-        recompute=o.get("recompute") or "none", zero_stage=o.get("zero_stage") or 0,
+        recompute=o.get("recompute") or found.get("recompute") or "none",
+        zero_stage=o.get("zero_stage") or 0,
     )  # fmt: skip
     for adapter in adapters:
         plan = adapter.initial_plan(cmd, plan)
@@ -155,10 +176,9 @@ def build_supervisor(command: list[str], o: dict[str, Any], sink: Any = None) ->
     base = initial_plan(cmd, o, [])
     blank = TrainingPlan(dp=base.dp, world_size=base.world_size)
     adapters = [a for a in adapters if adapter_applies(a, cmd, blank)]
-    plan = initial_plan(cmd, o, adapters)
-    ckpt = o.get("checkpoint_dir")
-    for adapter in adapters if ckpt is None else []:
-        ckpt = next(iter(adapter.checkpoint_dirs(cmd)), None) or ckpt
+    handoff, job, framework = build_handoff(cmd, adapters, o.get("checkpoint_dir"))
+    plan = initial_plan(cmd, o, adapters, framework.initial(job), framework.defaults)
+    ckpt = handoff.checkpoint_dir
     config = SupervisorConfig(
         run_id=run_id, run_dir=run_dir.resolve(), command=list(command), initial_plan=plan,
         checkpoint_dir=Path(ckpt).resolve() if ckpt else None,
@@ -174,7 +194,9 @@ def build_supervisor(command: list[str], o: dict[str, Any], sink: Any = None) ->
     steps = [s for a in adapters for s in a.remedy_steps()]
     planner = RemedyPlanner.default(_model_step(o, plan), steps)
     out = sink if sink is not None else (click.echo if config.stream_output else None)
-    return Supervisor(config, cmd, planner, adapters, metrics, sink=out)
+    view = JobView(handoff, job, framework, adapters)
+    return Supervisor(config, cmd, planner, adapters, metrics, sink=out, view=view,
+                      say=sink if sink is not None else click.echo)  # fmt: skip
 
 
 def print_summary(journal: Journal, echo: Any = click.echo) -> None:
@@ -185,10 +207,10 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
         echo(f"  failed   {failure}")
     for change in s.changes:
         echo(f"  changed  {change}")
-    gb = s.global_batches[0] if s.global_batches else None
-    state = "unchanged" if s.global_batch_unchanged else f"CHANGED {s.global_batches}"
+    echo(f"  {global_batch_text(s)}")
     echo(
-        f"  global batch {gb}: {state}; time lost (failed attempts + relaunches, an upper bound) {s.time_lost_s:.1f} s of {s.wall_s:.1f} s"
+        f"  time lost (failed attempts + relaunches, an upper bound) {s.time_lost_s:.1f} s "
+        f"of {s.wall_s:.1f} s"
     )
     if s.relaunch_overheads_s:
         worst = max(s.relaunch_overheads_s)

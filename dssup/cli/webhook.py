@@ -25,7 +25,7 @@ from dssup.admission.settings import PolicySettings
 from dssup.cli.admit import policy_options, policy_settings
 from dssup.cli.app import main
 from dssup.errors import ConfigError
-from dssup.memory.gpus import parse_size
+from dssup.memory.gpus import parse_bytes
 from dssup.obs.metrics import PrometheusMetrics
 
 __all__ = ["webhook"]
@@ -68,7 +68,7 @@ def _settings(o: dict[str, Any], config: str | None, ctx: click.Context) -> Poli
 
 
 def _cache(
-    cluster_file: str | None, kubeconfig: str | None, selector: str
+    cluster_file: str | None, kubeconfig: str | None, selector: str, namespaces: tuple[str, ...]
 ) -> tuple[InMemoryCache, Any]:
     if cluster_file:
         store = InMemoryCache()
@@ -92,7 +92,9 @@ def _cache(
             "run in a pod, pass --kubeconfig, or use --cluster-file",
         ) from None
     store = InMemoryCache(synced=False)
-    watcher = KubeWatchCache(store, ApiClient(), config_map_selector=selector)
+    watcher = KubeWatchCache(
+        store, ApiClient(), config_map_selector=selector, config_map_namespaces=namespaces
+    )
     watcher.start()
     return store, watcher
 
@@ -140,6 +142,20 @@ async def _serve(server: WebhookServer) -> None:
     help="Seconds not-ready before stopping on SIGTERM.",
 )
 @click.option(
+    "--read-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds a request's headers may take from its first byte, and its body after them.",
+)
+@click.option(
+    "--judge-deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Seconds after which a large review is allowed unjudged, with a warning.",
+)
+@click.option(
     "--config",
     "config",
     type=click.Path(exists=True, dir_okay=False),
@@ -164,6 +180,12 @@ async def _serve(server: WebhookServer) -> None:
     show_default=True,
     help="Label selector of the ConfigMaps to cache (model configs, DeepSpeed JSON).",
 )
+@click.option(
+    "--configmap-namespaces",
+    default="",
+    help="Comma-separated namespaces whose ConfigMaps are watched (each needs the Role of "
+    "examples/k8s/dssup-configmap-reader.yaml). Empty: all namespaces (needs a ClusterRole).",
+)
 @policy_options
 @click.pass_context
 def serve(
@@ -176,10 +198,13 @@ def serve(
     health_port: int,
     max_body: str,
     drain: float,
+    read_timeout: float,
+    judge_deadline: float,
     config: str | None,
     cluster_file: str | None,
     kubeconfig: str | None,
     configmap_selector: str,
+    configmap_namespaces: str,
     **o: Any,
 ) -> None:
     """Serve the admission webhook until SIGTERM."""
@@ -192,10 +217,14 @@ def serve(
         host=host,
         port=port,
         health_port=health_port,
-        max_body_bytes=parse_size(max_body, "--max-body"),
+        max_body_bytes=parse_bytes(max_body, "--max-body"),
         drain_s=drain,
+        header_timeout_s=read_timeout,
+        body_timeout_s=read_timeout,
+        judge_deadline_s=judge_deadline,
     )
-    store, watcher = _cache(cluster_file, kubeconfig, configmap_selector)
+    namespaces = tuple(n.strip() for n in configmap_namespaces.split(",") if n.strip())
+    store, watcher = _cache(cluster_file, kubeconfig, configmap_selector, namespaces)
     metrics = PrometheusMetrics()
     policy = Policy(store, settings)
     metrics.track_caches(policy.cache_stats)

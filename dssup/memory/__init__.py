@@ -8,7 +8,7 @@ check it exhaustively. Two conventions: ``paper`` reproduces arXiv 2502.07846 to
 
 from dssup.memory.config import GiB, Layout, Overheads, Precision, Training
 from dssup.memory.estimate import estimate
-from dssup.memory.hf import model_from_hf_config, preset, preset_names
+from dssup.memory.hf import known_model_types, model_from_hf_config, preset, preset_names
 from dssup.memory.plan import Candidate, PlanRequest, PlanResult, plan
 from dssup.memory.result import Estimate, ParamCounts, StageBytes, StageEstimate
 from dssup.memory.spec import MLASpec, ModelSpec, MoESpec
@@ -30,6 +30,7 @@ __all__ = [
     "StageEstimate",
     "Training",
     "estimate",
+    "known_model_types",
     "model_from_hf_config",
     "plan",
     "preset",

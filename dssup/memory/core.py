@@ -2,36 +2,49 @@
 
 A pipeline stage is prepared once per layout: its parameters and its per-sample activation
 terms depend only on which layers it holds (stages with the same kind of layers share the
-work). Everything that varies per config -- micro-batch, accumulation, recompute, ZeRO,
-offload -- is then a handful of integer operations in ``alloc``.
+work). A device (pipeline rank) holds one or more stages (``stages.placement``): its model
+states are those of all its stages, its activations the in-flight micro-batches of each stage
+at the device's peak (``schedule.py``). Everything that varies per config -- micro-batch,
+accumulation, recompute, ZeRO, offload -- is then a handful of integer operations.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dssup.memory.activations import Ctx, Term, keep, layer_terms, stage_io_terms
-from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
+from dssup.memory.activations import FULL_KEEP, Ctx, Term, keep, layer_terms, stage_io_terms
+from dssup.memory.backward import layer_temporaries, loss_backward, recomputed_unit
+from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Recompute, Training
 from dssup.memory.defaults import Resolved
+from dssup.memory.moments import Moment, eager_moments
 from dssup.memory.params import Split
-from dssup.memory.profile import EagerProfile, eager_constant, eager_tail, eager_terms
+from dssup.memory.profile import EagerProfile, eager_tail, eager_terms
+from dssup.memory.schedule import held_counts, interleaved_states
 from dssup.memory.spec import ModelSpec
-from dssup.memory.stages import StageParams, padded_vocab, partition, stage_params
+from dssup.memory.stages import (
+    StageParams,
+    padded_vocab,
+    partition,
+    placement,
+    stage_params,
+)
+from dssup.memory.states import States, constant, finish, states, tails, zero3_working_set
 from dssup.memory.traced import TracedProfile
 from dssup.memory.traced_stage import stored_terms
-from dssup.memory.zero import ModelStates, model_states
 
 __all__ = [
+    "PreparedDevice",
     "PreparedStage",
     "States",
-    "device_split",
-    "end_of_backward",
-    "in_flight",
+    "constant",
+    "device_in_flight",
+    "finish",
     "make_ctx",
     "prepare",
     "states",
+    "tails",
+    "zero3_working_set",
 ]
 
 
@@ -50,67 +63,191 @@ def make_ctx(
         ep=layout.ep,
         etp=layout.etp,
         imbalance=training.moe_imbalance,
-        vocab=padded_vocab(m, layout.tp, conv),
+        vocab=padded_vocab(m, layout.tp, conv, r.framework in ("megatron", "deepseek")),
         profile=training.implementation,
+        r=r,
     )
-
-
-def in_flight(layout: Layout, stage: int, grad_accum: int) -> tuple[int, float]:
-    """Micro-batches whose activations are alive at the peak of ``stage``, and the interleaving
-    factor (1F1B: min(PP - i, m); interleaved: x (1 + (PP-1)/(PP*VPP)); DualPipe: PP + 1)."""
-    pp = layout.pp
-    if pp == 1:
-        return 1, 1.0
-    if layout.schedule == "dualpipe":
-        return pp + 1, 1.0
-    count = min(pp - stage, grad_accum)
-    if layout.schedule == "interleaved":
-        return count, 1.0 + (pp - 1) / (pp * layout.vpp)
-    return count, 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedStage:
-    """A stage with everything that does not depend on the per-config knobs."""
+    """A (virtual) stage with everything that does not depend on the per-config knobs."""
 
     index: int
     layers: range
     params: StageParams
-    terms: tuple[Term, ...]  # per sample, every group
+    terms: dict[Recompute, tuple[Term, ...]]  # kept per-sample terms by recompute level
     acts: dict[Recompute, int]  # kept per-sample bytes by recompute level
+    work: dict[Recompute, int]  # per-sample backward working set of one micro-batch, by level
     tail: dict[Recompute, int] | None  # eager end-of-backward per-sample bytes by level
+    const: dict[Recompute, int] | None = None  # batch-independent saved bytes (autocast)
+    moments: tuple[Moment, ...] = ()  # other peaks of eager frameworks (``moments.py``)
 
 
-def _terms(c: Ctx, m: ModelSpec, sp: StageParams) -> tuple[Term, ...]:
-    if isinstance(c.profile, TracedProfile):  # traced: what the blocks keep (for the report)
-        found = stored_terms(c.profile, sp.dense_layers, sp.moe_layers, c.s, c.s_full, c.t)
-        return tuple(Term(name, group, b) for name, group, b in found)
-    if c.profile is not None:  # eager: measured per layer kind and recompute level
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One pipeline rank: the stages it holds and the parameters of all of them."""
+
+    index: int
+    stages: tuple[PreparedStage, ...]
+    split: Split
+    largest_layer: int
+    works: dict[Recompute, int]  # one backward at a time: the largest working set held
+    consts: dict[Recompute, int]  # batch-independent saved bytes (autocast copies)
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(i for st in self.stages for i in st.layers)
+
+    @property
+    def edge(self) -> bool:
+        """Holds the embedding or the head (eager profiles' stage term)."""
+        return any(st.params.first or st.params.last for st in self.stages)
+
+    @property
+    def tail(self) -> dict[Recompute, int] | None:
+        return self.stages[0].tail
+
+    def work(self, rc: Recompute) -> int:
+        """One backward runs at a time: the largest working set among the held stages."""
+        return self.works[rc]
+
+
+def _eager_profile_terms(c: Ctx, sp: StageParams) -> dict[Recompute, tuple[Term, ...]]:
+    """An eager profile: terms measured per layer kind and recompute level; a traced one: what
+    the blocks keep from forward to backward (for the report; its peak is replayed)."""
+    assert c.profile is not None  # checked by the caller; not input validation
+    if isinstance(c.profile, TracedProfile):
+        dense, moe = sp.dense_layers, sp.moe_layers
+        found = stored_terms(c.profile, dense, moe, c.s, c.s_full, c.seq)
+    else:
         edge = sp.first or sp.last
         found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
-        return tuple(Term(name, group, b) for name, group, b in found)
+    terms = tuple(Term(name, group, b) for name, group, b in found)
+    return {rc: tuple(t for t in terms if keep(t.group, rc, c)) for rc in RECOMPUTE_LEVELS}
+
+
+def _kept_full(c: Ctx, kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
+    """Layer terms kept under full recompute: Megatron's uniform method checkpoints the input of
+    every unit of ``recompute_num_layers`` layers, block the first that many layers of the
+    stage and keeps the rest whole; the paper and eager frameworks checkpoint every layer."""
+    r = c.r
+    if r is None or c.conv == "paper" or c.eager:
+        method, n = "uniform", 1
+    else:
+        method, n = r.recompute_method, r.recompute_num_layers
+    if method == "uniform" and n == 1:
+        return [t for t in _every(kinds, per) if t.group in FULL_KEEP]
+    out: list[Term] = []
+    for j, moe in enumerate(kinds):
+        if method == "block" and j >= n:
+            out += per[moe]
+        elif method == "block" or j % n == 0:
+            out += [t for t in per[moe] if t.group in FULL_KEEP]
+    return out
+
+
+def _every(kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
+    """Every layer's terms, MoE layers first (the order the names are reported in)."""
+    return [t for moe in (True, False) for _ in range(kinds.count(moe)) for t in per[moe]]
+
+
+def _sum(terms: list[Term]) -> tuple[Term, ...]:
     sums: dict[tuple[str, str], int] = {}
-    for moe_layer, count in ((True, sp.moe_layers), (False, sp.dense_layers)):
-        if count:
-            for t in layer_terms(c, moe_layer):
-                sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes * count
-    mtp = layer_terms(c, m.moe is not None) if (sp.last and m.mtp_depth) else []
-    for t in stage_io_terms(c, sp.first, sp.last, mtp):
+    for t in terms:
         sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
     return tuple(Term(name, group, b) for (name, group), b in sums.items())
 
 
+@lru_cache(maxsize=4096)
+def _stage_terms(
+    c: Ctx, sp: StageParams, kinds: tuple[bool, ...]
+) -> tuple[dict[Recompute, tuple[Term, ...]], dict[Recompute, int], dict[Recompute, int]]:
+    """Kept terms, kept bytes and the backward working set of a stage per recompute level
+    (cached: the planner meets the same stage kinds in many layouts). Callers must not mutate
+    the returned dicts."""
+    if c.profile is not None:
+        terms = _eager_profile_terms(c, sp)
+        zero = dict.fromkeys(RECOMPUTE_LEVELS, 0)
+        return terms, {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}, zero
+    per = {moe: layer_terms(c, moe) for moe in set(kinds)}
+    mtp = layer_terms(c, c.m.moe is not None) if sp.mtp else []
+    io = stage_io_terms(c, sp.first, sp.last, mtp)
+    every = _every(kinds, per)
+    terms = {}
+    for rc in RECOMPUTE_LEVELS:
+        if rc == "full":
+            layers = _kept_full(c, kinds, per)
+        else:
+            layers = [t for t in every if keep(t.group, rc, c)]
+        terms[rc] = _sum(layers + [t for t in io if keep(t.group, rc, c)])
+    acts = {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}
+    loss = loss_backward(c) if (sp.last or sp.mtp) else 0
+    # A layer's backward runs after the loss's: its kept tensors are gone by then.
+    freed = sum(t.bytes for t in io if t.name.startswith(("head.", "loss."))) if sp.last else 0
+    work = {
+        rc: max([loss] + [layer_work(c, per[moe], moe, rc, kinds) - freed for moe in per])
+        for rc in RECOMPUTE_LEVELS
+    }
+    return terms, acts, work
+
+
+def layer_work(c: Ctx, layer: list[Term], moe: bool, rc: Recompute, kinds: tuple[bool, ...]) -> int:
+    """One layer's backward: its recomputed unit (if any) plus its temporaries."""
+    unit = 1
+    if c.r is not None and not c.eager and c.r.recompute_method == "uniform":
+        unit = min(c.r.recompute_num_layers, max(len(kinds), 1))
+    ffn = sum(t.bytes for t in layer if t.name.startswith(("mlp.", "moe.")))
+    return recomputed_unit(c, layer, rc, unit) + layer_temporaries(c, moe, ffn)
+
+
 def prepare(
     m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
-) -> list[PreparedStage]:
-    """Parameters and activation terms of every stage of ``layout``."""
+) -> list[PreparedDevice]:
+    """Parameters and activation terms of every device of ``layout``."""
     c = make_ctx(m, layout, training, conv, r)
-    out = []
+    pad, tail, pattern = r.framework in ("megatron", "deepseek"), _tail(c), _kinds(m)
+    stages = []
     for i, layers in enumerate(partition(m.layers, layout)):
-        sp = stage_params(m, layout, conv, layers, i)
-        terms, acts = _stage_terms(c, sp)
-        out.append(PreparedStage(i, layers, sp, terms, acts, _tail(c)))
-    return out
+        sp = stage_params(m, layout, conv, layers, i, r.mtp, pad)
+        kinds = pattern[layers.start : layers.stop]
+        terms, acts, work = _stage_terms(c, sp, kinds)
+        const, moments = (
+            (None, ())  # a traced profile replays the whole step (``traced_device``)
+            if isinstance(c.profile, TracedProfile)
+            else eager_moments(c, sp, kinds, layout, acts, layer_work)
+        )
+        stages.append(PreparedStage(i, layers, sp, terms, acts, work, tail, const, moments))
+    return [
+        _device(m, rank, tuple(stages[j] for j in held))
+        for rank, held in enumerate(placement(layout))
+    ]
+
+
+def _device(m: ModelSpec, rank: int, own: tuple[PreparedStage, ...]) -> PreparedDevice:
+    first = own[0]
+    if len(own) == 1:
+        consts = first.const or dict.fromkeys(RECOMPUTE_LEVELS, 0)
+        return PreparedDevice(
+            rank, own, first.params.split, first.params.largest_layer, first.work, consts
+        )
+    split = Split()
+    for st in own:
+        split += st.params.split
+    if m.tie_embeddings and first.params.first and own[-1].params.last:
+        split += Split(non_moe=-first.params.embedding)  # one matrix serves both ends
+    largest = max(st.params.largest_layer for st in own)
+    works = {rc: max(st.work[rc] for st in own) for rc in RECOMPUTE_LEVELS}
+    consts = {
+        rc: sum(st.const[rc] for st in own if st.const is not None) for rc in RECOMPUTE_LEVELS
+    }
+    return PreparedDevice(rank, own, split, largest, works, consts)
+
+
+@lru_cache(maxsize=64)
+def _kinds(m: ModelSpec) -> tuple[bool, ...]:
+    """Whether each layer is an MoE layer."""
+    return tuple(m.is_moe_layer(j) for j in range(m.layers))
 
 
 def _tail(c: Ctx) -> dict[Recompute, int] | None:
@@ -121,113 +258,18 @@ def _tail(c: Ctx) -> dict[Recompute, int] | None:
     return {rc: v[0] for rc, v in found.items() if v is not None} or None
 
 
-@lru_cache(maxsize=4096)
-def _stage_terms(c: Ctx, sp: StageParams) -> tuple[tuple[Term, ...], dict[Recompute, int]]:
-    """Terms of a stage and its kept bytes per recompute level (cached: the planner meets the
-    same stage kinds in many layouts). Callers must not mutate the returned dict."""
-    terms = _terms(c, c.m, sp)
-    acts = {rc: sum(t.bytes for t in terms if keep(t.group, rc)) for rc in RECOMPUTE_LEVELS}
-    return terms, acts
-
-
-def device_split(st: PreparedStage, layout: Layout) -> Split:
-    """Parameters one GPU holds for ``st``: DualPipe keeps two stages' worth (both directions)."""
-    return st.params.split.scale(2) if layout.schedule == "dualpipe" else st.params.split
-
-
-@dataclass(frozen=True, slots=True)
-class States:
-    """Config-dependent, micro-batch-independent bytes of one stage."""
-
-    ms: ModelStates
-    static: int  # weights + gradients + optimizer on the device
-    working_set: int  # ZeRO-3 gathered parameters
-    transient: int  # optimizer-step temporaries
-    host: int
-    tail: int | None = None  # eager end of backward over ``static``, less its per-sample bytes
-
-
-def states(
-    st: PreparedStage, layout: Layout, t: Training, conv: Convention, r: Resolved, ov: Overheads
-) -> States:
-    split = device_split(st, layout)
-    dp_shard = layout.dp * (layout.cp if conv == "megatron" else 1)
-    ms = model_states(
-        split.non_moe,
-        split.moe,
-        dp_shard,
-        layout.edp,
-        t.zero_stage,
-        r.precision,
-        t.offload_optimizer,
-        t.offload_params,
-    )
-    ws = 0
-    if t.zero_stage == 3:
-        live = min(ov.zero3_max_live_parameters, st.params.largest_layer + ov.zero3_prefetch_bucket)
-        ws = r.precision.weights * live
-    if isinstance(t.implementation, TracedProfile):
-        return _traced_states(t, ms, ws)
-    if t.implementation is not None:
-        return _eager_states(st, t, ms, ws)
-    transient = r.optimizer_transient_per_param * ms.shard_params
-    host = ms.host + (transient if t.offload_optimizer else 0)
-    if t.offload_optimizer:
-        transient = 0
-    return States(ms, ms.weights + ms.gradients + ms.optimizer, ws, transient, host)
-
-
-def _traced_states(t: Training, ms: ModelStates, ws: int) -> States:
-    """Traced profile: like eager, gradients exist from backward to the optimizer step only
-    (unless accumulating); the replay adds everything else (``traced_stage``)."""
-    p = t.implementation
-    assert isinstance(p, TracedProfile)  # checked by the caller; not input validation
-    grads_fb = ms.gradients if t.grad_accum > 1 else 0
-    opt_tmp = math.ceil(p.optimizer_transient_per_param * ms.shard_params)
-    host = ms.host + (opt_tmp if t.offload_optimizer else 0)
-    if t.offload_optimizer:
-        opt_tmp = 0
-    static = ms.weights + ms.optimizer + grads_fb
-    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host)
-
-
-def _eager_states(st: PreparedStage, t: Training, ms: ModelStates, ws: int) -> States:
-    """Eager PyTorch: gradients exist only from backward to the optimizer step (unless
-    accumulating), so in forward/backward they are not part of ``static``; they and the
-    optimizer temporaries make up the optimizer-step transient. Batch-independent saved bytes
-    (autocast weight copies, the head gradient at the backward peak) join the working set."""
-    p = t.implementation
-    assert isinstance(p, EagerProfile)  # checked by the caller; not input validation
-    grads_fb = 0 if (p.grads_freed_between_steps and t.grad_accum == 1) else ms.gradients
-    edge = st.params.first or st.params.last
-    sp = st.params
-    zero3_ws = ws
-    ws += eager_constant(p, sp.dense_layers, sp.moe_layers, edge, t.recompute)
-    opt_tmp = math.ceil(p.optimizer_transient_per_param * ms.shard_params)
-    host = ms.host + (opt_tmp if t.offload_optimizer else 0)
-    if t.offload_optimizer:
-        opt_tmp = 0
-    static = ms.weights + ms.optimizer + grads_fb
-    found = eager_tail(p, t.recompute, t.seq_len, 1)
-    tail = None if found is None else zero3_ws + ms.gradients - grads_fb + found[1]
-    return States(ms, static, ws, ms.gradients - grads_fb + opt_tmp, host, tail)
-
-
-def end_of_backward(st: PreparedStage, s: States, t: Training, buffers: int) -> int | None:
-    """Eager end-of-backward peak (every gradient plus the first block's and the embedding's
-    backward), or None without such a term. It is part of the forward-backward phase."""
-    if s.tail is None or st.tail is None:
-        return None
-    return s.static + s.tail + st.tail[t.recompute] * t.micro_batch + buffers
-
-
-def activations(per_sample: int, micro_batch: int, count: int, factor: float) -> tuple[int, int]:
-    """(per-micro-batch bytes, in-flight bytes)."""
-    per_mb = per_sample * micro_batch
-    return per_mb, math.ceil(per_mb * count * factor)
-
-
-def finish(alloc: int, r: Resolved, ov: Overheads) -> tuple[int, int]:
-    """(fragmentation bytes, device total) from the allocator peak."""
-    frag = math.ceil(alloc * r.fragmentation)
-    return frag, alloc + frag + r.cuda_context_bytes + ov.calibration_bytes
+def device_in_flight(
+    dev: PreparedDevice, layout: Layout, rc: Recompute, m: int
+) -> tuple[int, tuple[int, ...]]:
+    """(per-sample bytes of every in-flight micro-batch at the device's peak, the in-flight
+    count of each held stage at that peak)."""
+    held = tuple(st.index for st in dev.stages)
+    if layout.schedule != "interleaved" or layout.pp == 1:
+        counts = held_counts(layout, dev.index, held, m)
+        return sum(n * st.acts[rc] for n, st in zip(counts, dev.stages, strict=True)), counts
+    best, at = -1, tuple[int, ...]()
+    for state in interleaved_states(layout, dev.index, m):
+        total = sum(n * st.acts[rc] for n, st in zip(state, dev.stages, strict=True))
+        if total > best:
+            best, at = total, state
+    return best, at

@@ -1,90 +1,126 @@
-"""Assemble the per-stage, per-term device memory of a training config (spec section 8).
+"""Assemble the per-device, per-term memory of a training config (spec section 8).
 
-    forward/backward peak = W + G + O + in_flight * activations + ZeRO-3 working set + buffers
+    forward/backward peak = W + G + O + in-flight activations + backward working set
+                            + ZeRO-3 working set + buffers
                             (eager profile: or its end-of-backward term, if higher)
     optimizer-step peak   = W + G + O + optimizer transients (no activations)
     device total          = max(both) * (1 + fragmentation) + CUDA context + calibration
 
-Every stage is estimated; the worst one is the peak. The phase of the peak is reported because
-the right remedy depends on it (a smaller micro-batch does not fix an optimizer-step peak).
+A row is a device (pipeline rank) with the stages it holds (``stages.placement``); its in-flight
+activations are those of each held stage at the device's peak (``schedule.py``). Every device
+is estimated; the worst one is the peak. The phase of the peak is reported because the right
+remedy depends on it (a smaller micro-batch does not fix an optimizer-step peak).
 """
 
 from __future__ import annotations
 
-import math
+from functools import lru_cache
 
-from dssup.memory.activations import keep
+from dssup.errors import ConfigError
 from dssup.memory.assumptions import assumptions
 from dssup.memory.config import Convention, Layout, Overheads, Training
 from dssup.memory.core import (
-    PreparedStage,
-    activations,
-    device_split,
-    end_of_backward,
+    PreparedDevice,
+    constant,
+    device_in_flight,
     finish,
-    in_flight,
     prepare,
     states,
+    tails,
 )
 from dssup.memory.defaults import Resolved, resolve
-from dssup.memory.params import model_total
-from dssup.memory.result import Estimate, ParamCounts, StageBytes, StageEstimate
+from dssup.memory.params import Split, model_total
+from dssup.memory.result import Estimate, HeldStage, ParamCounts, StageBytes, StageEstimate
 from dssup.memory.spec import ModelSpec
 from dssup.memory.traced import TracedProfile
-from dssup.memory.traced_stage import check_profile, traced_stage, without_untraced_mtp
+from dssup.memory.traced_device import traced_device, traced_in_flight
+from dssup.memory.traced_stage import check_profile, without_untraced_mtp
 from dssup.memory.validate import validate
 
 __all__ = ["estimate"]
 
 
-def _stage(
-    st: PreparedStage, layout: Layout, t: Training, conv: Convention, r: Resolved, ov: Overheads
+@lru_cache(maxsize=4096)
+def _params(split: Split) -> ParamCounts:
+    """(Cached: the result models are immutable and shared between estimates.)"""
+    return ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe)
+
+
+def _held(dev: PreparedDevice, counts: tuple[int, ...], t: Training) -> list[HeldStage]:
+    out = []
+    for st, n in zip(dev.stages, counts, strict=True):
+        out.append(
+            HeldStage(
+                stage=st.index,
+                layers=list(st.layers),
+                params=_params(st.params.split),
+                embedding=st.params.first,
+                head=st.params.last,
+                activations_per_micro_batch=st.acts[t.recompute] * t.micro_batch,
+                in_flight_micro_batches=n,
+            )
+        )
+    return out
+
+
+def _terms(dev: PreparedDevice, t: Training) -> dict[str, int]:
+    b = t.micro_batch
+    if len(dev.stages) == 1:  # names are unique within a stage
+        return {x.name: x.bytes * b for x in dev.stages[0].terms[t.recompute]}
+    out: dict[str, int] = {}
+    for st in dev.stages:
+        for x in st.terms[t.recompute]:
+            out[x.name] = out.get(x.name, 0) + x.bytes * t.micro_batch
+    return out
+
+
+def _device(
+    dev: PreparedDevice, layout: Layout, t: Training, conv: Convention, r: Resolved, ov: Overheads
 ) -> StageEstimate:
-    s = states(st, layout, t, conv, r, ov)
-    count, factor = in_flight(layout, st.index, t.grad_accum)
-    per_mb, acts = activations(st.acts[t.recompute], t.micro_batch, count, factor)
-    fb = s.static + acts + s.working_set + r.comm_buffer_bytes
-    tail = end_of_backward(st, s, t, r.comm_buffer_bytes)
-    if tail is not None:  # eager: the end of backward can top the start (optimizer offloaded)
-        fb = max(fb, tail)
+    s = states(dev, layout, t, conv, r, ov)
+    b, rc = t.micro_batch, t.recompute
+    per_sample, counts = device_in_flight(dev, layout, rc, t.grad_accum)
+    acts, work = per_sample * b, dev.work(rc) * b
+    const = constant(dev, rc)
+    fb = s.static + acts + work + s.working_set + const + r.comm_buffer_bytes
+    for later, per in tails(dev, s, t, r, rc):  # later moments of the backward
+        fb = max(fb, later + per * b)
     opt = s.static + s.transient
     if isinstance(t.implementation, TracedProfile):  # the user's own step, replayed
-        sp = st.params
-        ts = traced_stage(
-            t.implementation, layout, t, sp.dense_layers, sp.moe_layers, sp.first, sp.last,
-            s.ms.gradients,
-        )  # fmt: skip
-        per_mb = ts.forward_backward(t.micro_batch, 1)[0]
-        acts = ts.forward_backward(t.micro_batch, math.ceil(count * factor))[0]
+        ts = traced_device(t.implementation, dev, layout, t, s.ms.gradients)
+        n = traced_in_flight(dev, layout, rc, t.grad_accum)
+        acts, work, const = ts.forward_backward(b, n)[0], 0, 0
         fb = s.static + acts + s.working_set + r.comm_buffer_bytes
-        opt += ts.batch(t.micro_batch)
+        opt += ts.batch(b)
     frag, total = finish(max(fb, opt), r, ov)
-    b = t.micro_batch
     sbytes = StageBytes(
         weights=s.ms.weights,
         gradients=s.ms.gradients,
         optimizer=s.ms.optimizer,
         activations=acts,
-        activations_per_micro_batch=per_mb,
-        in_flight_micro_batches=count,
-        in_flight_factor=factor,
+        activations_per_micro_batch=sum(st.acts[rc] for st in dev.stages) * b,
+        in_flight_micro_batches=sum(counts),
+        in_flight_factor=1.0,
         zero3_working_set=s.working_set,
         buffers=r.comm_buffer_bytes,
+        backward_working_set=work,
+        activation_constant=const,
         optimizer_transient=s.transient,
         calibration=ov.calibration_bytes,
         fragmentation=frag,
         cuda_context=r.cuda_context_bytes,
         total=total,
     )
-    split = device_split(st, layout)
     return StageEstimate(
-        stage=st.index,
-        layers=list(st.layers),
-        params=ParamCounts(total=split.total, moe=split.moe, non_moe=split.non_moe),
+        stage=dev.index,
+        layers=dev.layers,
+        params=_params(dev.split),
         bytes=sbytes,
         host_bytes=s.host,
-        activation_terms={x.name: x.bytes * b for x in st.terms if keep(x.group, t.recompute)},
+        host_init_bytes=s.host_init,
+        activation_terms=_terms(dev, t),
         phase="forward-backward" if fb >= opt else "optimizer-step",
+        held=_held(dev, counts, t),
     )
 
 
@@ -95,29 +131,61 @@ def estimate(
     overheads: Overheads | None = None,
     convention: Convention = "megatron",
     gpu_memory_bytes: int | None = None,
+    host_memory_bytes: int | None = None,
+    gpus_per_node: int | None = None,
 ) -> Estimate:
-    """Per-GPU memory of every pipeline stage; the peak stage; whether it fits."""
-    validate(model, layout, training)
+    """Per-GPU memory of every pipeline rank; the peak rank; whether it fits the GPU and, with
+    ``host_memory_bytes`` (per node, ``gpus_per_node`` GPUs sharing it), the host."""
     notes: list[str] = []
     if isinstance(training.implementation, TracedProfile):
         model, notes = without_untraced_mtp(model, training.implementation)
         check_profile(training.implementation, model_total(model, "megatron"), training.recompute)
     ov = overheads or Overheads()
     r = resolve(convention, training, ov)
-    prepared = prepare(model, layout, training, convention, r)
-    stages = [_stage(st, layout, training, convention, r, ov) for st in prepared]
-    peak = max(range(len(stages)), key=lambda i: stages[i].bytes.total)
-    peak_bytes = stages[peak].bytes.total
+    validate(model, layout, training, r)
+    _check_host(host_memory_bytes, gpus_per_node)
+    devices = prepare(model, layout, training, convention, r)
+    rows = [_device(d, layout, training, convention, r, ov) for d in devices]
+    peak = max(range(len(rows)), key=lambda i: rows[i].bytes.total)
+    peak_bytes = rows[peak].bytes.total
+    per_node = None
+    if gpus_per_node is not None:
+        per_node = gpus_per_node * max(max(st.host_bytes, st.host_init_bytes) for st in rows)
+    gpu_fits = None if gpu_memory_bytes is None else peak_bytes <= gpu_memory_bytes
+    host_fits = None
+    if host_memory_bytes is not None and per_node is not None:
+        host_fits = per_node <= host_memory_bytes
+    checks = [c for c in (gpu_fits, host_fits) if c is not None]
     return Estimate(
         convention=convention,
         model=model.name,
         world_size=layout.world_size,
-        stages=stages,
+        stages=rows,
         peak_stage=peak,
         peak_bytes=peak_bytes,
-        peak_phase=stages[peak].phase,
+        peak_phase=rows[peak].phase,
         gpu_memory_bytes=gpu_memory_bytes,
-        fits=None if gpu_memory_bytes is None else peak_bytes <= gpu_memory_bytes,
+        fits=all(checks) if checks else None,
         headroom_bytes=None if gpu_memory_bytes is None else gpu_memory_bytes - peak_bytes,
-        assumptions=notes + assumptions(model, layout, training, convention, r),
+        assumptions=notes + assumptions(model, layout, training, convention, r, ov, gpus_per_node),
+        schedule=layout.schedule,
+        framework=None if convention == "paper" else r.framework,
+        gpus_per_node=gpus_per_node,
+        host_bytes_per_node=per_node,
+        host_memory_bytes=host_memory_bytes,
+        host_fits=host_fits,
+        host_headroom_bytes=_headroom(host_memory_bytes, per_node),
     )
+
+
+def _headroom(limit: int | None, need: int | None) -> int | None:
+    return None if limit is None or need is None else limit - need
+
+
+def _check_host(host_memory_bytes: int | None, gpus_per_node: int | None) -> None:
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise ConfigError("gpus_per_node", f"{gpus_per_node} GPUs per node", "give 1 or more")
+    if host_memory_bytes is not None and gpus_per_node is None:
+        raise ConfigError(
+            "gpus_per_node", "needed to check host memory per node", "give the GPUs per node"
+        )

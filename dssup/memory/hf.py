@@ -1,9 +1,13 @@
-"""Turn a Hugging Face ``config.json`` (as a dict) into a ``ModelSpec``.
+"""Turn a Hugging Face ``config.json`` (as a dict) into a ``ModelSpec``: exactly, or refused by name.
 
 Users already have a config.json for the model they train; asking them to restate its sizes is
-where estimates go wrong. Families are recognised by their fields, not by ``model_type`` alone,
-so a fine-tuned derivative with a new ``model_type`` still loads. Missing fields raise a
-``ConfigError`` that names the field and says what to add.
+where estimates go wrong, and so is guessing: a GELU 2-matrix MLP read as SwiGLU, or an untied
+head for Gemma, miscounts by a quarter. So the ``model_type`` picks the family reader that
+mirrors transformers' modeling code (``families.py``, ``families_moe.py``); a type dssup does not
+know is refused with the list of known ones, unless the caller names an approximation
+(``approximate_as``), which is then stated among the assumptions. Multimodal configs are read
+through their ``text_config``; DeepSeek's own inference configs are recognised and refused with a
+pointer to the Hugging Face config or the preset.
 """
 
 from __future__ import annotations
@@ -11,16 +15,39 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dssup.errors import ConfigError, UnknownPreset
+from dssup.errors import ConfigError, UnknownModelType, UnknownPreset
+from dssup.memory.families_moe import FAMILIES, GENERIC
+from dssup.memory.hfread import Reader
 from dssup.memory.presets import PRESETS
-from dssup.memory.spec import MLASpec, ModelSpec, MoESpec
+from dssup.memory.spec import ModelSpec
 
-__all__ = ["model_from_hf_config", "preset", "preset_names"]
+__all__ = [
+    "known_model_types",
+    "model_from_hf_config",
+    "preset",
+    "preset_names",
+]
+
+# Multimodal wrappers: the text model sits under ``text_config``; the head's tying is the
+# wrapper's top-level field. Value: the family that reads the text model.
+WRAPPERS = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe", "gemma3": "gemma3_text"}
+# DeepSeek's inference/configs/config_*.json (model.py ModelArgs) by hidden size.
+_DS_INFERENCE = {"dim", "inter_dim", "n_layers", "n_heads"}
+_DS_POINTER = {
+    7168: "deepseek-ai/DeepSeek-V3 (or the preset deepseek-v3)",
+    5120: "deepseek-ai/DeepSeek-V2 (or the preset deepseek-v2)",
+    2048: "deepseek-ai/DeepSeek-V2-Lite (or the preset deepseek-v2-lite)",
+}
 
 
 def preset_names() -> list[str]:
     """Names accepted by ``preset`` (and by ``--model``)."""
     return sorted(PRESETS)
+
+
+def known_model_types() -> list[str]:
+    """``model_type`` values read exactly (multimodal wrappers included)."""
+    return sorted([*FAMILIES, *WRAPPERS], key=str.lower)
 
 
 def preset(name: str) -> ModelSpec:
@@ -35,88 +62,91 @@ def preset(name: str) -> ModelSpec:
     return model_from_hf_config(PRESETS[key], name=key)
 
 
-def _req(cfg: Mapping[str, Any], key: str, *alts: str) -> int:
-    for k in (key, *alts):
-        value = cfg.get(k)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(
-                    f"config.json:{k}",
-                    f"expected a non-negative integer, got {value!r}",
-                    f"set {k} to a whole number",
-                )
-            return value
-    raise ConfigError(f"config.json:{key}", "missing", f"add {key!r} to the config.json")
-
-
-def _opt(cfg: Mapping[str, Any], key: str, default: int) -> int:
-    return _req(cfg, key) if cfg.get(key) is not None else default
-
-
-def _mla(cfg: Mapping[str, Any]) -> MLASpec | None:
-    if cfg.get("kv_lora_rank") is None:
-        return None
-    return MLASpec(
-        q_lora_rank=_opt(cfg, "q_lora_rank", 0),
-        kv_lora_rank=_req(cfg, "kv_lora_rank"),
-        qk_nope_head_dim=_req(cfg, "qk_nope_head_dim"),
-        qk_rope_head_dim=_req(cfg, "qk_rope_head_dim"),
-        v_head_dim=_req(cfg, "v_head_dim"),
+def _unknown(what: object) -> UnknownModelType:
+    problem = (
+        f"model_type {what!r} is not one dssup reads exactly"
+        if what
+        else "missing (every Hugging Face config.json names its model_type)"
+    )
+    return UnknownModelType(
+        "config.json:model_type",
+        problem,
+        f"known: {', '.join(known_model_types())}; to read it as one of them anyway, add "
+        "--approximate-as <type> (the approximation is printed with the estimate)",
     )
 
 
-def _moe(cfg: Mapping[str, Any], ffn: int) -> MoESpec | None:
-    n = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
-    if not n:
-        return None
-    key = next(k for k in ("n_routed_experts", "num_local_experts", "num_experts") if cfg.get(k))
-    n_routed = _req(cfg, key)
-    expert_ffn = _opt(cfg, "moe_intermediate_size", ffn)
-    shared_ffn_total = cfg.get("shared_expert_intermediate_size")
-    if shared_ffn_total:  # Qwen2-MoE: one shared expert of its own size, behind a gate
-        n_shared, shared_ffn, gate = 1, _req(cfg, "shared_expert_intermediate_size"), True
-    else:
-        n_shared, shared_ffn, gate = _opt(cfg, "n_shared_experts", 0), expert_ffn, False
-    return MoESpec(
-        n_routed=n_routed,
-        n_shared=n_shared,
-        top_k=_req(cfg, "num_experts_per_tok"),
-        expert_ffn=expert_ffn,
-        shared_ffn=shared_ffn,
-        shared_gate=gate,
-        router_bias=cfg.get("topk_method") == "noaux_tc" or cfg.get("scoring_func") == "sigmoid",
-        first_dense=_opt(cfg, "first_k_dense_replace", 0),
-        every=max(1, _opt(cfg, "decoder_sparse_step", 1))
-        if "decoder_sparse_step" in cfg
-        else max(1, _opt(cfg, "moe_layer_freq", 1)),
-        dense_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
-    )
+def _check_shape(cfg: Mapping[str, Any]) -> None:
+    if not cfg.get("model_type") and set(cfg) >= _DS_INFERENCE:
+        dim = cfg.get("dim")
+        raise UnknownModelType(
+            "config.json",
+            "this is DeepSeek's own inference config (inference/configs/config_*.json: dim, "
+            "n_layers, ...), not a Hugging Face config.json",
+            f"pass the Hugging Face config.json of {_DS_POINTER.get(dim, 'the model')}"
+            if isinstance(dim, int)
+            else "pass the model's Hugging Face config.json",
+        )
 
 
-def model_from_hf_config(cfg: Mapping[str, Any], name: str | None = None) -> ModelSpec:
-    """Build a ``ModelSpec`` from the fields of a Hugging Face ``config.json``."""
+def _approximation(approximate_as: str, mtype: object, text: bool) -> tuple[str, list[str]]:
+    if approximate_as != "generic" and approximate_as not in FAMILIES:
+        raise ConfigError(
+            "approximate_as",
+            f"{approximate_as!r} is not a family dssup reads",
+            f"use one of {', '.join(sorted(FAMILIES))} or generic",
+        )
+    part = "its text_config" if text else "it"
+    what = f"model_type {mtype!r}" if mtype else "a config without model_type"
+    return approximate_as, [
+        f"APPROXIMATION: {what} is not read exactly; {part} was read as {approximate_as} on "
+        "request (--approximate-as): check the architecture line"
+    ]
+
+
+def _family(cfg: Mapping[str, Any], approximate_as: str | None) -> tuple[str, bool, list[str]]:
+    """(family, read text_config, notes) for a config."""
+    mtype = cfg.get("model_type")
+    text = isinstance(cfg.get("text_config"), Mapping)
+    if isinstance(mtype, str) and (mtype in FAMILIES or mtype in WRAPPERS):
+        if approximate_as is not None:
+            raise ConfigError(
+                "approximate_as",
+                f"model_type {mtype!r} is read exactly",
+                "drop --approximate-as",
+            )
+        if mtype in WRAPPERS:
+            if not text:
+                raise ConfigError("config.json:text_config", "missing", "pass the full config")
+            return (
+                WRAPPERS[mtype],
+                True,
+                [
+                    f"multimodal {mtype}: the text model under text_config is counted; the vision "
+                    "tower and projector are not (their memory is not estimated)"
+                ],
+            )
+        return mtype, False, []
+    if approximate_as is None:
+        raise _unknown(mtype)
+    family, notes = _approximation(approximate_as, mtype, text)
+    return family, text, notes
+
+
+def model_from_hf_config(
+    cfg: Mapping[str, Any], name: str | None = None, approximate_as: str | None = None
+) -> ModelSpec:
+    """Build a ``ModelSpec`` from a Hugging Face ``config.json`` (a dict): read exactly by its
+    ``model_type``, refused when the type is unknown unless ``approximate_as`` names a family
+    (or ``generic``) to read it as."""
     if not isinstance(cfg, Mapping):
         raise ConfigError("config.json", "expected a JSON object", "pass the model's config.json")
-    hidden = _req(cfg, "hidden_size", "n_embd", "d_model")
-    heads = _req(cfg, "num_attention_heads", "n_head")
-    ffn = _req(cfg, "intermediate_size", "ffn_dim")
-    mla = _mla(cfg)
-    kv_heads = heads if mla else _opt(cfg, "num_key_value_heads", heads)
-    head_dim = _opt(cfg, "head_dim", hidden // heads if heads else 0)
+    _check_shape(cfg)
+    family, text, notes = _family(cfg, approximate_as)
+    top = Reader(cfg)
+    reader = Reader(cfg["text_config"], "config.json:text_config") if text else top
+    read = GENERIC if family == "generic" else FAMILIES[family]
+    fields = read(reader, top if text else None)
     label = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "custom")
-    return ModelSpec(
-        name=label,
-        hidden=hidden,
-        ffn=ffn,
-        layers=_req(cfg, "num_hidden_layers", "n_layer"),
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab=_req(cfg, "vocab_size"),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention="mla" if mla else "gqa",
-        qkv_bias=cfg.get("model_type") in {"qwen2", "qwen2_moe"} or bool(cfg.get("attention_bias")),
-        mla=mla,
-        moe=_moe(cfg, ffn),
-        mtp_depth=_opt(cfg, "num_nextn_predict_layers", 0),
-    )
+    notes += top.notes + (reader.notes if text else [])
+    return ModelSpec(name=label, notes=tuple(notes), **fields)

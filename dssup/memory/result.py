@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.memory.config import Convention
 
-__all__ = ["Estimate", "ParamCounts", "StageBytes", "StageEstimate"]
+__all__ = ["Estimate", "HeldStage", "ParamCounts", "StageBytes", "StageEstimate"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -31,12 +31,31 @@ class StageBytes(BaseModel):
     weights: int
     gradients: int
     optimizer: int
-    activations: int = Field(description="in-flight micro-batches x per-micro-batch activations")
-    activations_per_micro_batch: int
-    in_flight_micro_batches: int = Field(description="1F1B micro-batches held at the peak")
-    in_flight_factor: float = Field(description="multiplier on in-flight count (interleaving)")
+    activations: int = Field(
+        description="sum over the held stages of in-flight micro-batches x that stage's "
+        "per-micro-batch activations, at the device's peak"
+    )
+    activations_per_micro_batch: int = Field(
+        description="bytes one micro-batch leaves on this device (all held stages)"
+    )
+    in_flight_micro_batches: int = Field(
+        description="stage micro-batches alive at the peak, summed over the held stages "
+        "(1F1B: min(PP - i, m); DualPipe: PP + 1; interleaved: chunk micro-batches)"
+    )
+    in_flight_factor: float = Field(
+        description="multiplier on the in-flight count (1.0: counts are exact per stage)"
+    )
     zero3_working_set: int = Field(description="ZeRO-3 gathered parameters alive at once")
     buffers: int = Field(description="communication buffers")
+    activation_constant: int = Field(
+        0,
+        description="saved bytes that do not grow with the micro-batch (autocast's bf16 weight copies)",
+    )
+    backward_working_set: int = Field(
+        0,
+        description="once per device: the loss's backward tensors or a recomputed layer "
+        "re-forwarded for its backward, whichever is larger",
+    )
     optimizer_transient: int = Field(description="optimizer-step temporaries (foreach Adam)")
     calibration: int = Field(description="shift learned from an observed run")
     fragmentation: int
@@ -52,18 +71,42 @@ class StageBytes(BaseModel):
         return self.total - self.fragmentation - self.cuda_context - self.calibration
 
 
-class StageEstimate(BaseModel):
-    """One pipeline stage (every GPU of a stage holds the same)."""
+class HeldStage(BaseModel):
+    """One pipeline stage a device holds (DualPipe: two; interleaved: vpp virtual stages)."""
 
     model_config = _FROZEN
-    stage: int
-    layers: list[int] = Field(description="global indices of the layers on this stage")
+    stage: int = Field(description="pipeline stage (virtual stage with interleaving), 0-based")
+    layers: list[int] = Field(description="global indices of the layers of this stage")
+    params: ParamCounts
+    embedding: bool = Field(description="holds the input embedding (first stage)")
+    head: bool = Field(description="holds the final norm, head and loss (last stage)")
+    activations_per_micro_batch: int = Field(description="bytes per micro-batch of this stage")
+    in_flight_micro_batches: int = Field(description="micro-batches alive at the device's peak")
+
+
+class StageEstimate(BaseModel):
+    """One device (pipeline rank); every GPU of the same rank holds the same."""
+
+    model_config = _FROZEN
+    stage: int = Field(description="pipeline rank of the device (= its stage under 1F1B)")
+    layers: list[int] = Field(description="global indices of every layer this device holds")
     params: ParamCounts
     bytes: StageBytes
-    host_bytes: int = Field(description="host (CPU) memory per GPU: offloaded states")
+    host_bytes: int = Field(
+        description="host (CPU) memory per GPU in training: offloaded states (DeepSpeed's "
+        "buffers, see offload.py) with the host overhead"
+    )
+    host_init_bytes: int = Field(
+        0,
+        description="host memory per GPU while the model is built before partitioning "
+        "(Overheads.host_load_bytes; 0 when not counted)",
+    )
     phase: str = Field(description="phase holding this stage's peak")
     activation_terms: dict[str, int] = Field(
         default_factory=dict, description="per-micro-batch activation bytes by tensor family"
+    )
+    held: list[HeldStage] = Field(
+        default_factory=list, description="the stages this device holds, in schedule order"
     )
 
 
@@ -79,9 +122,24 @@ class Estimate(BaseModel):
     peak_bytes: int
     peak_phase: str = Field(description="forward-backward (activations) or optimizer-step")
     gpu_memory_bytes: int | None = None
-    fits: bool | None = None
-    headroom_bytes: int | None = None
+    fits: bool | None = Field(
+        None, description="the GPU check and, with host_memory_bytes, the host check both pass"
+    )
+    headroom_bytes: int | None = Field(None, description="GPU memory minus peak_bytes")
     assumptions: list[str]
+    schedule: str = Field("1f1b", description="pipeline schedule: 1f1b, interleaved or dualpipe")
+    framework: str | None = Field(
+        None, description="training code the activation terms follow (None: paper convention)"
+    )
+    gpus_per_node: int | None = Field(None, description="GPUs sharing one host (per node)")
+    host_bytes_per_node: int | None = Field(
+        None,
+        description="gpus_per_node x the largest per-GPU host need (training or model build) "
+        "of any stage; None without gpus_per_node",
+    )
+    host_memory_bytes: int | None = Field(None, description="host memory per node to check")
+    host_fits: bool | None = Field(None, description="host_bytes_per_node <= host_memory_bytes")
+    host_headroom_bytes: int | None = None
 
     @property
     def peak(self) -> StageEstimate:

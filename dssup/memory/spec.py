@@ -1,8 +1,11 @@
-"""What a model *is*, as far as memory is concerned: sizes, attention kind, experts.
+"""What a model *is*, as far as memory is concerned: sizes, attention kind, experts, layout of
+the block (MLP kind, norms, biases, tied head, sliding window).
 
-One shape for every family (DeepSeek MLA+MoE, Llama/Mistral/Qwen2 dense with GQA,
-Mixtral/Qwen2-MoE), so the estimator and the planner never branch on a model's name.
-Loading from presets and Hugging Face ``config.json`` lives in ``hf.py``.
+One shape for every family (DeepSeek MLA+MoE, Llama/Mistral/Qwen dense with GQA, Mixtral and
+Qwen MoE, gpt-oss, GELU 2-matrix MLPs of GPT-2/Phi/Falcon/GPT-NeoX/StarCoder2, Gemma's
+sandwich norms), so the estimator and the planner never branch on a model's name: every
+architectural difference that changes bytes is an explicit field. Reading Hugging Face
+``config.json`` files into these fields lives in ``hf.py`` and ``families.py``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,13 @@ class MoESpec(BaseModel):
     shared_gate: bool = Field(
         False, description="a [1, h] sigmoid gate on the shared expert (Qwen2-MoE)"
     )
-    router_bias: bool = Field(False, description="FP32 routing bias of N per layer (DeepSeek-V3)")
+    router_bias: bool = Field(
+        False,
+        description="a routing bias of N per layer (DeepSeek-V3 e_score_correction_bias, gpt-oss)",
+    )
+    expert_bias: bool = Field(
+        False, description="biases on every expert's projections (gpt-oss): 2*h_E + h per expert"
+    )
     first_dense: int = Field(0, ge=0, description="the first k layers use a dense MLP")
     every: int = Field(1, ge=1, description="every k-th layer (after first_dense) is MoE")
     dense_layers: tuple[int, ...] = Field((), description="extra layer indices with a dense MLP")
@@ -75,6 +84,39 @@ class ModelSpec(BaseModel):
     mla: MLASpec | None = Field(None, description="MLA dimensions when attention == 'mla'")
     moe: MoESpec | None = Field(None, description="expert layers; None for a dense model")
     mtp_depth: int = Field(0, ge=0, description="multi-token-prediction modules (DeepSeek-V3: 1)")
+    mlp_kind: Literal["gated", "plain"] = Field(
+        "gated",
+        description="gated: 3 matrices (SwiGLU/GeGLU gate, up, down); plain: 2 (fc1, fc2)",
+    )
+    activation: str = Field("silu", description="MLP activation as the config names it")
+    mlp_bias: bool = Field(
+        False, description="biases on the MLP projections (h_F + h, gated 2h_F + h)"
+    )
+    attn_out_bias: bool = Field(False, description="bias on the attention output projection (h)")
+    norm_kind: Literal["rms", "layer"] = Field("rms", description="RMSNorm or LayerNorm")
+    norm_bias: bool = Field(False, description="norms carry a bias as well as a weight")
+    layer_norms: int = Field(
+        2, ge=1, description="hidden-size norms per layer (1 parallel block, 2, 4 Gemma-2/3)"
+    )
+    parallel_block: bool = Field(
+        False, description="attention and MLP read the same normed input (Phi, Falcon, GPT-NeoX)"
+    )
+    qk_norm: Literal["none", "head", "full"] = Field(
+        "none",
+        description="norms on queries and keys: per head_dim (Qwen3, Gemma-3) or full width (OLMo-2)",
+    )
+    sliding_window: int | None = Field(
+        None, ge=1, description="tokens a sliding-window attention layer attends to"
+    )
+    sliding_layers: int = Field(0, ge=0, description="layers that use the sliding window")
+    attn_sinks: bool = Field(False, description="a learned sink logit per head (gpt-oss)")
+    learned_positions: int = Field(
+        0, ge=0, description="rows of a learned absolute position embedding (GPT-2: n_positions)"
+    )
+    head_bias: bool = Field(False, description="the output head has a bias of v (Phi)")
+    notes: tuple[str, ...] = Field(
+        (), description="assumptions made while reading the config, printed with every estimate"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -89,6 +131,13 @@ class ModelSpec(BaseModel):
                 "kv_heads",
                 f"{self.kv_heads} does not divide heads={self.heads}",
                 "use a divisor of the attention heads",
+            )
+        if self.sliding_layers > self.layers or (self.sliding_layers and not self.sliding_window):
+            raise ConfigError(
+                "sliding_layers",
+                f"{self.sliding_layers} sliding layers for {self.layers} layers, window "
+                f"{self.sliding_window}",
+                "give a window and at most one sliding layer per layer",
             )
         if self.moe is not None and self.moe.first_dense > self.layers:
             raise ConfigError(

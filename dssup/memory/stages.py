@@ -1,8 +1,13 @@
-"""Which layers live on which pipeline stage, and the parameters one GPU of each stage holds.
+"""Which layers live on which pipeline stage, which stages each device holds, and the
+parameters one GPU of each stage holds.
 
 Embedding goes on the first stage, the final norm, head and MTP on the last (spec section 4).
-The even split fills stages with ceil(l/pp) layers and leaves the remainder to the last one
+The even split fills stages with ceil(l/n) layers and leaves the remainder to the last one
 (the paper's V3 partition: 4 x 15 + 1); when that would leave a stage empty it balances instead.
+With interleaving there are pp*vpp (virtual) stages; ``placement`` says which a device holds:
+1F1B rank i holds stage i; interleaved rank i holds stages i, i+pp, ..., i+(vpp-1)*pp (Megatron
+``get_model(..., vp_stage)``); DualPipe rank i holds stages i and pp-1-i (deepseek-ai/DualPipe
+``examples/example_dualpipe.py``: ``full_modules[rank], full_modules[pp_size - 1 - rank]``).
 """
 
 from __future__ import annotations
@@ -15,19 +20,36 @@ from dssup.memory.params import (
     Split,
     attention_params,
     embedding_params,
+    head_extra_params,
     mlp_params,
     moe_params,
     mtp_block_params,
     norm_params,
+    positions_params,
 )
 from dssup.memory.spec import ModelSpec
 
-__all__ = ["StageParams", "padded_vocab", "partition", "stage_params"]
+__all__ = [
+    "StageParams",
+    "layer_params",
+    "padded_vocab",
+    "partition",
+    "placement",
+    "stage_params",
+]
+
+
+def placement(layout: Layout) -> list[tuple[int, ...]]:
+    """The stages each pipeline rank (device) holds, in the order it holds them."""
+    pp = layout.pp
+    if layout.schedule == "dualpipe":
+        return [(i, pp - 1 - i) for i in range(pp)]
+    return [tuple(c * pp + i for c in range(layout.vpp)) for i in range(pp)]
 
 
 def partition(layers: int, layout: Layout) -> list[range]:
-    """Global layer indices of each stage."""
-    pp = layout.pp
+    """Global layer indices of each (virtual) stage."""
+    pp = layout.stages
     if layout.layers_per_stage is not None:
         counts = list(layout.layers_per_stage)
     else:
@@ -44,9 +66,10 @@ def partition(layers: int, layout: Layout) -> list[range]:
     return out
 
 
-def padded_vocab(m: ModelSpec, tp: int, conv: Convention) -> int:
-    """Megatron pads the vocabulary to a multiple of 128 * tp; the paper does not."""
-    if conv == "paper":
+def padded_vocab(m: ModelSpec, tp: int, conv: Convention, pad: bool = True) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 * tp; the paper and eager
+    frameworks (``pad=False``) do not."""
+    if conv == "paper" or not pad:
         return m.vocab
     unit = 128 * tp
     return -(-m.vocab // unit) * unit
@@ -63,10 +86,18 @@ class StageParams:
     dense_layers: int
     first: bool
     last: bool
+    mtp: bool = False  # holds the MTP modules
+    embedding: int = 0  # parameters of one embedding (or head) matrix on this GPU
+    largest_tensor: int = 0  # elements of the largest parameter tensor (forloop Adam)
 
 
 def _layer(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -> Split:
     return _layer_cached(m, layout.tp, layout.ep, layout.etp, conv, is_moe)
+
+
+def layer_params(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -> int:
+    """Parameters of one layer on one GPU (after TP/EP split)."""
+    return _layer(m, layout, conv, is_moe).total
 
 
 @lru_cache(maxsize=256)
@@ -95,9 +126,17 @@ def _moe_prefix(m: ModelSpec) -> tuple[int, ...]:
 
 
 def stage_params(
-    m: ModelSpec, layout: Layout, conv: Convention, layers: range, stage: int
+    m: ModelSpec,
+    layout: Layout,
+    conv: Convention,
+    layers: range,
+    stage: int,
+    mtp: bool = True,
+    pad: bool = True,
 ) -> StageParams:
-    """Parameters of one GPU of ``stage`` (cached on what they depend on)."""
+    """Parameters of one GPU of ``stage`` (cached on what they depend on). ``mtp``: whether the
+    training code builds the model's MTP modules (megatron convention only); ``pad``: whether
+    it pads the vocabulary (Megatron does)."""
     moe = moe_layers_in(m, layers)
     return _stage_params(
         m,
@@ -108,7 +147,9 @@ def stage_params(
         moe,
         len(layers) - moe,
         stage == 0,
-        stage == layout.pp - 1,
+        stage == layout.stages - 1,
+        mtp,
+        pad,
     )
 
 
@@ -123,6 +164,8 @@ def _stage_params(
     dense_layers: int,
     first: bool,
     last: bool,
+    mtp: bool,
+    pad: bool,
 ) -> StageParams:
     layout = Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
     total, largest = Split(), 0
@@ -132,17 +175,17 @@ def _stage_params(
             total += one.scale(count)
             largest = max(largest, one.total)
     if conv == "megatron":
-        vocab = padded_vocab(m, layout.tp, conv)
+        vocab = padded_vocab(m, layout.tp, conv, pad)
         emb = embedding_params(m, layout.tp, vocab)
         if first:
-            total += Split(non_moe=emb)
+            total += Split(non_moe=emb + positions_params(m))
         if last:
             head = 0 if (m.tie_embeddings and first) else emb
-            total += Split(non_moe=head + m.hidden)
-            if m.mtp_depth:
-                mtp = mtp_block_params(m, layout, conv, layout.tp).scale(m.mtp_depth)
-                total += mtp
-                largest = max(largest, mtp.total // m.mtp_depth)
+            total += Split(non_moe=head + head_extra_params(m, layout.tp, vocab))
+            if m.mtp_depth and mtp:
+                block = mtp_block_params(m, layout, conv, layout.tp).scale(m.mtp_depth)
+                total += block
+                largest = max(largest, block.total // m.mtp_depth)
         largest = max(largest, emb)
     elif conv == "paper" and (first or last):
         emb = embedding_params(m, layout.tp, m.vocab)
@@ -155,4 +198,24 @@ def _stage_params(
         dense_layers=dense_layers,
         first=first,
         last=last,
+        mtp=bool(conv == "megatron" and last and m.mtp_depth and mtp),
+        embedding=embedding_params(m, tp, padded_vocab(m, tp, conv, pad)),
+        largest_tensor=_largest_tensor(m, tp, ep, etp, moe_layers, dense_layers, first or last),
     )
+
+
+def _largest_tensor(
+    m: ModelSpec, tp: int, ep: int, etp: int, moe_layers: int, dense_layers: int, edge: bool
+) -> int:
+    """The largest single parameter tensor: the embedding, a dense FFN matrix, an attention
+    projection, or a MoE layer's routed experts fused into one [experts, 2*h_E, h] tensor
+    (transformers 5.x ``gate_up_proj``)."""
+    h = m.hidden
+    sizes = [h * m.heads * (m.mla.v_head_dim if m.mla else m.head_dim) // tp]
+    if edge:
+        sizes.append(embedding_params(m, tp, m.vocab))
+    if dense_layers:
+        sizes.append(h * m.ffn // tp)
+    if moe_layers and m.moe is not None:
+        sizes.append(m.moe.n_routed // ep * 2 * m.moe.expert_ffn // etp * h)
+    return max(sizes)

@@ -1,7 +1,9 @@
 """Model states under ZeRO 0-3 and offload (spec section 5).
 
 Non-MoE parameters are sharded over the data-parallel group, MoE parameters over the expert
-data-parallel group. Shards are whole elements: rank r of n holds ``total // n`` plus one of the
+data-parallel group. Offload (``offload.py``): the ``paper`` convention moves only the optimizer
+states (and ZeRO-3 weights) to the host; the frameworks' layout (``deepspeed_offload``) also takes
+ZeRO-2/3 gradient partitions off the GPU, as DeepSpeed reduces them straight into the host. Shards are whole elements: rank r of n holds ``total // n`` plus one of the
 remainder, so the ranks' shards add up to the total exactly and rank 0 holds the most.
 """
 
@@ -42,8 +44,11 @@ def model_states(
     precision: Precision,
     offload_optimizer: bool,
     offload_params: bool,
+    deepspeed_offload: bool = False,
 ) -> ModelStates:
-    """Device and host bytes of weights, gradients and optimizer states on one rank."""
+    """Device and host bytes of weights, gradients and optimizer states on one rank. ``host`` is
+    what the paper convention moves (optimizer, weights); ``core.py`` counts DeepSpeed's host
+    buffers with ``offload.host_states`` instead."""
     full = non_moe + moe
     shard = _largest_shard(non_moe, dp) + _largest_shard(moe, edp)
     weights = precision.weights * (shard if zero >= 3 else full)
@@ -52,6 +57,8 @@ def model_states(
     host = 0
     if offload_optimizer:
         host, optimizer = host + optimizer, 0
+        if deepspeed_offload and zero >= 2:
+            gradients = 0
     if offload_params:
         host, weights = host + weights, 0
     return ModelStates(weights, gradients, optimizer, host, shard if zero >= 1 else full)

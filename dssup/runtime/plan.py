@@ -14,7 +14,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RuntimePlan", "read_plan"]
+__all__ = ["RuntimePlan", "env_knobs_read", "read_plan"]
+
+# Plan fields the last ``read_plan`` took from DSSUP_* variables: the job-side report says so,
+# which is the supervisor's evidence that this script receives those knobs by the environment.
+_ENV_KNOBS: set[str] = set()
+_KNOB_VARS = {
+    "micro_batch": "DSSUP_MICRO_BATCH_SIZE",
+    "grad_accum": "DSSUP_GRAD_ACCUM_STEPS",
+    "global_batch": "DSSUP_GLOBAL_BATCH_SIZE",
+    "recompute": "DSSUP_RECOMPUTE",
+    "zero_stage": "DSSUP_ZERO_STAGE",
+    "offload": "DSSUP_OFFLOAD",
+    "resume": "DSSUP_RESUME_FROM",
+    "checkpoint_dir": "DSSUP_CHECKPOINT_DIR",
+}
+
+
+def env_knobs_read() -> tuple[str, ...]:
+    """The plan fields ``read_plan`` took from the environment (empty before it ran)."""
+    return tuple(sorted(_ENV_KNOBS))
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,8 @@ def read_plan(
 ) -> RuntimePlan:
     """The plan for this attempt: the ``DSSUP_*`` variables win over the script's own defaults."""
     env = os.environ if env is None else env
+    _ENV_KNOBS.clear()
+    _ENV_KNOBS.update(k for k, var in _KNOB_VARS.items() if var in env)
     extra: dict[str, Any] = {}
     plan_file = _path(env, "DSSUP_PLAN_FILE")
     if plan_file is not None and plan_file.is_file():

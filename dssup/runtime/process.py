@@ -17,6 +17,8 @@ import resource
 import sys
 from typing import Any
 
+from dssup.runtime.report import report_completed
+
 __all__ = ["clean_exit", "mark_done", "memory_cap", "status_bytes", "vm_size_bytes"]
 
 _M_TRIM_THRESHOLD = -1
@@ -54,25 +56,27 @@ def memory_cap(budget_bytes: int) -> int:
     return limit
 
 
-def mark_done() -> None:
-    """Under ``dssup run``: record in the attempt directory that this rank finished training."""
+def mark_done(step: int | None = None) -> None:
+    """Under ``dssup run``: record that this rank finished training (a ``completed`` record in
+    the job-side report, and a marker file in the attempt directory)."""
     attempt_dir = os.environ.get("DSSUP_ATTEMPT_DIR")
     if not attempt_dir:
         return
+    report_completed(step, source="dssup.runtime.mark_done")
     done = os.path.join(attempt_dir, "done")
     os.makedirs(done, exist_ok=True)
     with open(os.path.join(done, f"rank-{os.environ.get('RANK', '0')}"), "w") as fh:
         fh.write("done\n")
 
 
-def clean_exit(dist: Any | None = None, code: int = 0) -> None:
+def clean_exit(dist: Any | None = None, code: int = 0, step: int | None = None) -> None:
     """Barrier, destroy the process group, flush, ``os._exit``: no teardown abort after success.
 
     Under ``dssup run`` it first leaves a "done" marker for this rank in the attempt directory,
     so that an abort later in teardown is recognised as such, not as a training failure.
     """
     if code == 0:
-        mark_done()
+        mark_done(step)
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

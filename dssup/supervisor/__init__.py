@@ -10,7 +10,7 @@ It never imports torch: the training-side half is ``dssup.runtime``.
 from dssup.supervisor.adapters import AppliedPlan, PlanAdapter, RemedyContext, RemedyStep
 from dssup.supervisor.checkpoints import CheckpointRef, find_latest
 from dssup.supervisor.classify import classify
-from dssup.supervisor.command import TorchrunCommand, parse_command
+from dssup.supervisor.command import LaunchCommand, parse_command
 from dssup.supervisor.config import SupervisorConfig
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, RankFailure, Remedy, TrainingPlan
@@ -23,6 +23,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "Journal",
+    "LaunchCommand",
     "PlanAdapter",
     "RankFailure",
     "Remedy",
@@ -32,7 +33,6 @@ __all__ = [
     "RunOutcome",
     "Supervisor",
     "SupervisorConfig",
-    "TorchrunCommand",
     "TrainingPlan",
     "classify",
     "find_latest",

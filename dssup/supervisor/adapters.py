@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
 from dssup.supervisor.models import Failure, Remedy, TrainingPlan
 
 __all__ = [
     "AppliedPlan",
+    "Objection",
     "PlanAdapter",
     "RemedyContext",
     "RemedyStep",
@@ -54,12 +55,29 @@ BUILTIN_CAPABILITIES = frozenset(
 
 
 @dataclass(frozen=True)
+class Objection:
+    """Why a proposed plan is not used. ``unreachable``: a knob it changes cannot reach the
+    script (every further proposal of the same rung would fail alike)."""
+
+    reason: str
+    unreachable: bool = False
+
+
+@dataclass(frozen=True)
 class RemedyContext:
     """What a ladder rung may look at besides the failure and the current plan."""
 
     tried: frozenset[str]  # TrainingPlan.key() of every config that already failed
     capabilities: frozenset[str]
     device: str = "cuda"  # "cpu" when tensors live on the CPU (gloo jobs)
+    # Why a proposed plan cannot be used for this script (a knob it cannot receive, or the
+    # same effective run as one that failed), or None: the hand-off's judgement.
+    check: Callable[[TrainingPlan], Objection | None] | None = None
+    progress_saved: bool = True  # False before the job's first complete checkpoint
+
+    def usable(self, plan: TrainingPlan) -> bool:
+        """Not tried, and the hand-off has no objection."""
+        return plan.key() not in self.tried and (self.check is None or self.check(plan) is None)
 
 
 @runtime_checkable
@@ -86,7 +104,7 @@ class PlanAdapter(Protocol):
     name: str
     capabilities: frozenset[str]
 
-    def initial_plan(self, command: TorchrunCommand, plan: TrainingPlan) -> TrainingPlan:
+    def initial_plan(self, command: LaunchCommand, plan: TrainingPlan) -> TrainingPlan:
         """Fill in what the command says (batch triple, ZeRO stage); return ``plan`` if nothing."""
         ...
 
@@ -95,15 +113,15 @@ class PlanAdapter(Protocol):
     def apply(
         self,
         plan: TrainingPlan,
-        command: TorchrunCommand,
+        command: LaunchCommand,
         script_args: list[str],
         attempt_dir: Path,
     ) -> AppliedPlan: ...
 
-    def checkpoint_dirs(self, command: TorchrunCommand) -> list[Path]: ...
+    def checkpoint_dirs(self, command: LaunchCommand) -> list[Path]: ...
 
 
-def adapter_applies(adapter: PlanAdapter, command: TorchrunCommand, plan: TrainingPlan) -> bool:
+def adapter_applies(adapter: PlanAdapter, command: LaunchCommand, plan: TrainingPlan) -> bool:
     """``adapter.applies(command)`` when defined, else: its ``initial_plan`` finds settings in the
     command (``plan`` should be blank: batch fields unset, so anything found changes it)."""
     check = getattr(adapter, "applies", None)

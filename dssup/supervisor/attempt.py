@@ -1,10 +1,13 @@
-"""One attempt, start to verdict: build the command and environment, run torchrun, classify.
+"""One attempt, start to verdict: build the command and environment, launch, watch, classify.
 
-The command gets dssup's launcher options only where the user did not set them: a per-attempt
-``--log-dir`` (each rank's ``error.json``, ``stdout.log``, ``stderr.log`` are kept),
-``--redirects 3 --tee 3`` (files *and* console), and ``--max-restarts 0`` (torchrun would
-relaunch the same failing config; dssup owns restarts). ``TORCHELASTIC_ERROR_FILE`` is set in
-torchrun's own environment so it copies the root cause there.
+The command gets dssup's launcher options only where the user did not set them (the
+launcher module decides: for torchrun a per-attempt ``--log-dir`` keeping each rank's
+``error.json``, ``stdout.log`` and ``stderr.log``, ``--redirects 3 --tee 3`` for files *and*
+console, and ``--max-restarts 0``: dssup owns restarts). ``TORCHELASTIC_ERROR_FILE`` is set in
+the launcher's environment so torchrun copies the root cause there. While the attempt runs,
+dssup watches each rank's error file and output (fast fail, with or without ``@record``) and
+the job-side report (a global-batch mismatch stops it too); the launcher's own traceback is
+folded to one line on the console.
 """
 
 from __future__ import annotations
@@ -20,13 +23,18 @@ from pathlib import Path
 from dssup.supervisor.adapters import PlanAdapter
 from dssup.supervisor.checkpoints import CheckpointRef
 from dssup.supervisor.classify import classify
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
+from dssup.supervisor.consolefold import LauncherTracebackFold
 from dssup.supervisor.contract import contract_env, rewrite_flags, write_plan_file
 from dssup.supervisor.evidence import collect
 from dssup.supervisor.fastfail import ErrorFileWatch
 from dssup.supervisor.hygiene import oom_kill_count, wait_gpu_released
+from dssup.supervisor.jobview import JobView
+from dssup.supervisor.launchers.base import RankLog, RankLogSource
+from dssup.supervisor.livewatch import OutputWatch, ReportWatch
 from dssup.supervisor.models import Failure, FailureKind, RankFailure, TrainingPlan
 from dssup.supervisor.process import Child, kill_quietly, processes_with_token, terminate_token
+from dssup.supervisor.report import AttemptReport, BatchCheck, report_path
 
 __all__ = ["AttemptResult", "AttemptSpec", "build_spec", "run_attempt"]
 
@@ -55,21 +63,11 @@ class AttemptResult:
     oom_kills: int = 0
     spawned_at: float = 0.0  # time.time() right after torchrun was spawned
     exited_at: float = 0.0  # time.time() when its exit was seen
-
-
-def _launcher_extras(cmd: TorchrunCommand, attempt_dir: Path) -> list[str]:
-    extra: list[str] = []
-    if not cmd.has("log-dir"):
-        extra += ["--log-dir", str(attempt_dir / "logs")]
-    if not cmd.has("redirects") and not cmd.has("tee"):
-        extra += ["--redirects", "3", "--tee", "3"]
-    if not cmd.has("max-restarts"):
-        extra += ["--max-restarts", "0"]
-    return extra
+    report: AttemptReport | None = None  # the job-side report, read once the attempt ended
 
 
 def build_spec(
-    cmd: TorchrunCommand,
+    cmd: LaunchCommand,
     plan: TrainingPlan,
     *,
     number: int,
@@ -78,6 +76,7 @@ def build_spec(
     resume: CheckpointRef | None,
     checkpoint_dir: Path | None,
     adapters: Sequence[PlanAdapter],
+    view: JobView | None = None,
 ) -> AttemptSpec:
     attempt_dir = run_dir / f"attempt-{number:03d}"
     attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +96,11 @@ def build_spec(
         # Output written before a failure must reach the logs even when fast-fail kills the
         # attempt: SIGKILL (and an unhandled SIGTERM) discard stdio buffers.
         env["PYTHONUNBUFFERED"] = "1"
-    script_args = rewrite_flags(cmd.script_args, plan)
+    if view is not None:
+        script_args, extra_env = view.render(plan, cmd.script_args, resume)
+        env.update(extra_env)
+    else:
+        script_args = rewrite_flags(cmd.script_args, plan)
     notes: list[str] = []
     for adapter in adapters:
         applied = adapter.apply(plan, cmd, script_args, attempt_dir)
@@ -105,13 +108,74 @@ def build_spec(
         env.update(applied.env)
         notes += applied.notes
     write_plan_file(attempt_dir / "plan.json", plan, number)
-    argv = cmd.argv(_launcher_extras(cmd, attempt_dir), script_args)
+    argv = cmd.argv(cmd.launcher.extras(cmd, attempt_dir), script_args)
     return AttemptSpec(number, attempt_dir, token, argv, env, resume, notes)
+
+
+class _ConsoleLog:
+    """A launcher without per-rank files (accelerate's single process): its console output is
+    the one rank's output."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def rank_logs(self, log_dir: Path) -> dict[int, RankLog]:
+        return {0: RankLog(0, 0, self.path, None)}
+
+
+@dataclass
+class _Watches:
+    """What dssup watches while an attempt runs (see ``livewatch``)."""
+
+    errors: ErrorFileWatch | None
+    output: OutputWatch | None
+    report: ReportWatch
+    stopped: RankFailure | None = None
+    mismatch: BatchCheck | None = None
+
+    def poll(self, fast_fail: bool, running: bool) -> bool:
+        """True the first time something says the running attempt must stop now."""
+        live = self.output.poll() if self.output is not None else None
+        if not running or self.stopped is not None or self.mismatch is not None:
+            return False
+        if fast_fail:
+            self.stopped = (self.errors.poll() if self.errors is not None else None) or live
+        self.mismatch = self.report.poll()
+        return self.stopped is not None or self.mismatch is not None
+
+
+def _verdict(
+    failure: Failure | None, code: int, w: _Watches, forwarded: int | None
+) -> tuple[Failure | None, int]:
+    """The classified failure, amended with why dssup itself stopped the attempt."""
+    if w.stopped is not None and failure is not None:
+        how = "error file" if "error-file" in w.stopped.sources else "traceback on stderr"
+        note = f"dssup stopped the attempt (SIGKILL) on rank {w.stopped.rank}'s {how}"
+        failure = failure.model_copy(update={"evidence": (*failure.evidence, note)})
+        code = 1  # what the launcher reports for a failed worker; the kill was ours
+    if w.mismatch is not None:
+        failure = Failure(
+            kind=FailureKind.BATCH_MISMATCH,
+            exit_code=code,
+            message=w.mismatch.detail,
+            evidence=("dssup stopped the attempt (SIGKILL) on the job's own report",),
+        )
+        code = 1
+    if forwarded is not None:
+        name = signal.Signals(forwarded).name
+        failure = Failure(
+            kind=FailureKind.INTERRUPTED,
+            exit_code=code,
+            signal=forwarded,
+            message=f"dssup received {name}",
+            evidence=(f"forwarded {name} to the launcher",),
+        )
+    return failure, code
 
 
 def run_attempt(
     spec: AttemptSpec,
-    cmd: TorchrunCommand,
+    cmd: LaunchCommand,
     *,
     world_size: int,
     grace_s: float,
@@ -120,57 +184,54 @@ def run_attempt(
     stop_signal: Callable[[], int | None],
     on_start: Callable[[Child], None],
     fast_fail: bool = True,
+    expected_global_batch: int | None = None,
 ) -> AttemptResult:
-    """Launch torchrun, wait (forwarding a stop request), clean up, and classify the end."""
+    """Launch, watch (forwarding a stop request), clean up, and classify the end."""
     oom_before = oom_kill_count()
-    log_dir = Path(user_log) if (user_log := cmd.option("log-dir")) else spec.dir / "logs"
-    child = Child(spec.argv, {**os.environ, **spec.env}, spec.dir / "torchrun.log", sink)
+    launcher = cmd.launcher
+    log_dir = launcher.log_dir(cmd, spec.dir)
+    console_path = spec.dir / "torchrun.log"
+    fold = LauncherTracebackFold(sink, console_path) if sink is not None else None
+    child = Child(spec.argv, {**os.environ, **spec.env}, console_path, fold)
     started = time.time()
     child.start()
     spawned_at = time.time()
     on_start(child)
-    watch = ErrorFileWatch(log_dir, started - 1.0) if fast_fail else None
+    ranks: RankLogSource = launcher if log_dir is not None else _ConsoleLog(console_path)
+    where = log_dir if log_dir is not None else spec.dir
+    echo = sink if launcher.echo_rank_logs else None
+    w = _Watches(
+        ErrorFileWatch(where, started - 1.0, launcher=ranks) if fast_fail else None,
+        OutputWatch(where, ranks, echo=echo) if fast_fail or echo else None,
+        ReportWatch(report_path(spec.dir), expected_global_batch),
+    )
     forwarded: int | None = None
-    stopped: RankFailure | None = None
     code = None
     while code is None:
         code = child.wait(0.05)
         if code is None and (sig := stop_signal()) is not None and forwarded is None:
-            log.warning("forwarding %s to torchrun (pid %s)", signal.Signals(sig).name, child.pid)
+            log.warning(
+                "forwarding %s to the launcher (pid %s)", signal.Signals(sig).name, child.pid
+            )
             child.send(sig)
             forwarded = sig
-        if code is None and watch is not None and stopped is None and forwarded is None:
-            stopped = watch.poll()
-            if stopped is not None:
-                log.warning("rank %s: %s: stopping the attempt now", stopped.rank, stopped.kind)
-                for pid in processes_with_token(spec.token):
-                    kill_quietly(pid, signal.SIGKILL)
+        if w.poll(fast_fail, running=code is None and forwarded is None):
+            what = f"rank {w.stopped.rank}: {w.stopped.kind}" if w.stopped else "batch mismatch"
+            log.warning("%s: stopping the attempt now", what)
+            for pid in processes_with_token(spec.token):
+                kill_quietly(pid, signal.SIGKILL)
+    if w.output is not None:
+        w.output.poll(force=True)
+    if fold is not None:
+        fold.flush()
     exited, exited_at = time.monotonic(), time.time()
     pids = processes_with_token(spec.token)
     stragglers = terminate_token(spec.token, grace_s) if pids else []
     wait_gpu_released(pids, gpu_timeout_s)
     oom_kills = oom_kill_count() - oom_before
-    evidence = collect(
-        spec.dir,
-        code,
-        child.console_tail(),
-        log_dir=log_dir,
-        oom_kills=oom_kills,
-        world_size=world_size,
-    )
-    failure = classify(evidence)
-    if stopped is not None and failure is not None:
-        note = f"dssup stopped the attempt (SIGKILL) on rank {stopped.rank}'s error file"
-        failure = failure.model_copy(update={"evidence": (*failure.evidence, note)})
-        code = 1  # what torchrun reports for a failed worker; the kill was ours
-    if forwarded is not None:
-        failure = Failure(
-            kind=FailureKind.INTERRUPTED,
-            exit_code=code,
-            signal=forwarded,
-            message=f"dssup received {signal.Signals(forwarded).name}",
-            evidence=(f"forwarded {signal.Signals(forwarded).name} to torchrun",),
-        )
+    evidence = collect(spec.dir, code, child.console_tail(), log_dir=where, oom_kills=oom_kills,
+                       world_size=world_size, launcher=ranks)  # fmt: skip
+    failure, code = _verdict(classify(evidence), code, w, forwarded)
     return AttemptResult(
         code, failure, started, time.time(), exited, stragglers, oom_kills, spawned_at, exited_at
     )

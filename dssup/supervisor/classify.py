@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import signal as _signal
 
-from dssup.supervisor.evidence import AttemptEvidence, RankEvidence, last_exception
+from dssup.supervisor.evidence import AttemptEvidence, RankEvidence
 from dssup.supervisor.models import Failure, FailureKind, RankFailure
 from dssup.supervisor.signatures import match, parse_oom_numbers
+from dssup.supervisor.text import clip
+from dssup.supervisor.tracebacks import last_exception
 
 __all__ = ["classify", "classify_rank", "phase_of"]
 
@@ -29,6 +31,17 @@ _LOAD_MARKERS = (
     "from_pretrained",
     "load_universal",
 )
+# Writing a checkpoint: torch.save, DCP, safetensors, HF Trainer's and DeepSpeed's save paths.
+# Function names only: a load passes through the same files (torch/serialization.py, safetensors).
+_SAVE_MARKERS = (
+    "in save_checkpoint\n",
+    "in _save_checkpoint\n",
+    "in save_model\n",
+    "in save_file\n",
+    "in save\n",
+    "in _save\n",
+    "state_dict_saver",
+)
 # torch optimizers, and DeepSpeed's engine.step (ZeRO's gradient flattening, the fp32 cast and
 # the parameter all-gather run there, outside torch/optim).
 _OPTIMIZER_MARKERS = ("optimizer.py", "optim/", "_take_model_step")
@@ -42,6 +55,7 @@ _PRIORITY = {
     K.TRANSIENT: 2,
     K.TEARDOWN: 3,
     K.INTERRUPTED: 3,
+    K.BATCH_MISMATCH: 3,
 }
 
 
@@ -49,6 +63,8 @@ def phase_of(callstack: str) -> str:
     """Where in training the failure happened, read from the Python traceback."""
     if not callstack:
         return ""
+    if any(m in callstack + "\n" for m in _SAVE_MARKERS):
+        return "save"
     if any(m in callstack for m in _LOAD_MARKERS):
         return "load"
     last = callstack.strip().splitlines()[-12:]
@@ -82,7 +98,7 @@ def classify_rank(ev: RankEvidence, oom_kills: int = 0) -> RankFailure:
         "rank": ev.rank,
         "local_rank": ev.local_rank,
         "exit_code": ev.exit_code,
-        "message": text[:500],
+        "message": clip(text, 500),
         "timestamp": ev.timestamp,
         "phase": phase,
         "sources": tuple(ev.sources),
@@ -93,6 +109,8 @@ def classify_rank(ev: RankEvidence, oom_kills: int = 0) -> RankFailure:
             kind = K.LOAD_OOM
         elif kind in {K.CUDA_OOM, K.HOST_OOM} and phase == "comm":
             kind = K.COMM_OOM
+        elif kind == K.COMM_OOM and sig.name == "comm-bad-alloc" and phase not in {"", "comm"}:
+            kind = K.HOST_OOM  # a C++ allocation in a save or a load, not a collective's buffer
         return RankFailure(kind=kind, cascade=sig.cascade, signature=sig.name, **common)
     if ev.exit_code == -_signal.SIGKILL:
         if oom_kills > 0:
@@ -108,8 +126,12 @@ def classify_rank(ev: RankEvidence, oom_kills: int = 0) -> RankFailure:
     )
 
 
+_DYING = frozenset({"error-file", "uncaught-traceback", "fatal-message", "live-stderr"})
+
+
 def _failed(ev: RankEvidence) -> bool:
-    return (ev.exit_code not in (None, 0)) or "error-file" in ev.sources
+    """A rank failed: a non-zero exit, an error file, or output that shows it dying."""
+    return (ev.exit_code not in (None, 0)) or bool(_DYING & set(ev.sources))
 
 
 def _choose(ranks: list[RankFailure]) -> RankFailure:
@@ -139,7 +161,9 @@ def classify(ev: AttemptEvidence) -> Failure | None:
     root = _choose(ranks)
     for r in ranks:
         role = "cascade" if r.cascade else ("root cause" if r is root else "also failed")
-        evidence.append(f"rank {r.rank}: {r.kind} via {r.signature} ({role}): {r.message[:160]}")
+        evidence.append(
+            f"rank {r.rank}: {r.kind} via {r.signature} ({role}): {clip(r.message, 160)}"
+        )
     kind = root.kind if not root.cascade else K.COMM
     if root.cascade:
         evidence.append("every failed rank only reports another's failure: root cause unseen")

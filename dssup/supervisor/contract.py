@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 
 from dssup.supervisor.models import TrainingPlan
+from dssup.supervisor.report import ENV_VAR as REPORT_ENV
+from dssup.supervisor.report import report_path
 
 __all__ = ["FLAG_FIELDS", "contract_env", "read_plan_flags", "rewrite_flags", "write_plan_file"]
 
@@ -124,6 +126,7 @@ def contract_env(
         "DSSUP_LOAD_TO_CPU": "1" if plan.load_to_cpu else "0",
         "DSSUP_RESUME_FROM": str(resume_from) if resume_from else "",
         "DSSUP_CHECKPOINT_DIR": str(checkpoint_dir) if checkpoint_dir else "",
+        REPORT_ENV: str(report_path(attempt_dir)),
     }
     for key, value in (
         ("DSSUP_MICRO_BATCH_SIZE", plan.micro_batch),

@@ -4,9 +4,14 @@ Sources, per attempt directory: torchrun's copy of the root cause (``root_cause.
 ``TORCHELASTIC_ERROR_FILE`` on torchrun itself, with ``errorCode``), each rank's own
 ``error.json``/``stderr.log`` under the per-attempt ``--log-dir``, torchrun's console output with
 its ``ChildFailedError`` table (every failed rank's exit code, including those killed by a
-signal, which write no error file), "done" markers written by ``dssup.runtime.clean_exit``, and
-the OOM-kill counters of our cgroup subtree. torchrun orders root causes by whole-second
-timestamps, so dssup reads every rank's file itself.
+signal, which write no error file), "done" markers written by ``dssup.runtime.clean_exit`` and
+``completed`` records of the job-side report, and the OOM-kill counters of our cgroup subtree.
+torchrun orders root causes by whole-second timestamps, so dssup reads every rank's file itself.
+A rank without an error file (no ``@record``, or a launcher that writes none) is judged from
+its output: the last traceback gives the exception and the call stack (so the phase), and
+whether it ended the process; a message that ends a process by itself (Python's "can't open
+file", an argparse error, a Rust allocation abort) counts too. The launcher says where the
+per-rank files are (``Launcher.rank_logs``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,21 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["AttemptEvidence", "RankEvidence", "collect", "parse_failure_table", "read_error_file"]
+from dssup.jobreport import Completed, read_report
+from dssup.supervisor.launchers.base import RankLogSource
+from dssup.supervisor.launchers.torchrun import TORCHRUN
+from dssup.supervisor.report import report_path
+from dssup.supervisor.signatures import match
+from dssup.supervisor.tracebacks import last_exception, last_traceback, strip_prefixes
+
+__all__ = [
+    "AttemptEvidence",
+    "RankEvidence",
+    "collect",
+    "last_exception",
+    "parse_failure_table",
+    "read_error_file",
+]
 
 _TABLE_ROW = re.compile(
     r"^\s*time\s*:\s*(?P<time>\S+)\s*$.*?"
@@ -24,8 +43,6 @@ _TABLE_ROW = re.compile(
     r"^\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)",
     re.MULTILINE | re.DOTALL,
 )
-_EXC_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$")
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?", re.MULTILINE)
 TAIL_LINES = 80
 
 
@@ -93,28 +110,12 @@ def parse_failure_table(text: str) -> list[dict[str, int]]:
     return rows
 
 
-def last_exception(text: str) -> str:
-    """The last ``SomethingError: ...`` line of a traceback tail."""
-    for line in reversed(text.splitlines()):
-        if m := _EXC_LINE.match(line.strip()):
-            return m.group(1).strip()
-    return ""
-
-
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     try:
         data = path.read_bytes()[-64_000:].decode(errors="replace")
     except OSError:
         return ""
-    return _RANK_PREFIX.sub("", "\n".join(data.splitlines()[-lines:]))
-
-
-def _rank_dirs(log_dir: Path) -> dict[int, Path]:
-    """``<log_dir>/<run_id>_<rand>/attempt_<n>/<local_rank>/`` of the newest torchrun run."""
-    runs = sorted(log_dir.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
-    if not runs:
-        return {}
-    return {int(p.name): p for p in runs[-1].iterdir() if p.is_dir() and p.name.isdigit()}
+    return strip_prefixes("\n".join(data.splitlines()[-lines:]))
 
 
 def collect(
@@ -124,26 +125,29 @@ def collect(
     log_dir: Path | None = None,
     oom_kills: int = 0,
     world_size: int = 1,
+    launcher: RankLogSource = TORCHRUN,
 ) -> AttemptEvidence:
-    """Gather every source for one ended attempt."""
+    """Gather every source for one ended attempt (``launcher`` says where its rank logs are)."""
     ranks: dict[int, RankEvidence] = {}
-    for local, path in _rank_dirs(log_dir or attempt_dir / "logs").items():
-        ev = RankEvidence(local_rank=local, rank=local)
-        if (doc := read_error_file(path / "error.json")) is not None:
+    for local, files in launcher.rank_logs(log_dir or attempt_dir / "logs").items():
+        ev = RankEvidence(local_rank=local, rank=files.rank if files.rank is not None else local)
+        doc = read_error_file(files.error_file) if files.error_file is not None else None
+        if doc is not None:
             ev.message = str(doc["message"])
             ev.callstack = str(doc["callstack"])
             ev.timestamp = doc["timestamp"]  # type: ignore[assignment]
             ev.sources.append("error-file")
-        ev.stderr_tail = _tail(path / "stderr.log")
+        ev.stderr_tail = _tail(files.output)
         if ev.stderr_tail:
             ev.sources.append("stderr")
-            ev.message = ev.message or last_exception(ev.stderr_tail)
+            _from_output(ev)
         ranks[local] = ev
     for row in parse_failure_table(console_tail):
         ev = ranks.setdefault(row["local_rank"], RankEvidence(local_rank=row["local_rank"]))
         ev.rank, ev.exit_code = row["rank"], row["exit_code"]
         ev.sources.append("exit-code")
     done = {int(p.name.split("-")[1]) for p in (attempt_dir / "done").glob("rank-*")}
+    done |= {r.rank for r in read_report(report_path(attempt_dir)).of(Completed)}
     return AttemptEvidence(
         exit_code=exit_code,
         ranks=ranks,
@@ -153,3 +157,23 @@ def collect(
         oom_kills=oom_kills,
         world_size=world_size,
     )
+
+
+def _from_output(ev: RankEvidence) -> None:
+    """Without an error file: the exception, call stack and fate read from the rank's output."""
+    tb = last_traceback(ev.stderr_tail)
+    if tb is not None and not ev.callstack:
+        ev.callstack = tb.callstack
+    if not ev.message:
+        ev.message = tb.exception if tb is not None else last_exception(ev.stderr_tail)
+    if tb is not None and tb.uncaught:
+        ev.sources.append("uncaught-traceback")
+    elif (sig := match(ev.stderr_tail)) is not None and sig.fatal:
+        ev.sources.append("fatal-message")
+        ev.message = ev.message or _line_of(sig.pattern, ev.stderr_tail)
+
+
+def _line_of(pattern: re.Pattern[str], text: str) -> str:
+    """The (last) line of ``text`` a pattern matches: the message when no exception names it."""
+    lines = [ln for ln in text.splitlines() if pattern.search(ln)]
+    return lines[-1].strip() if lines else ""

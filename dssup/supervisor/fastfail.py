@@ -17,11 +17,13 @@ from pathlib import Path
 
 from dssup.supervisor.classify import classify_rank
 from dssup.supervisor.evidence import RankEvidence, read_error_file
+from dssup.supervisor.launchers.base import RankLogSource
+from dssup.supervisor.launchers.torchrun import TORCHRUN
 from dssup.supervisor.models import FailureKind, RankFailure
 
-__all__ = ["ErrorFileWatch"]
+__all__ = ["STOP_KINDS", "ErrorFileWatch"]
 
-_STOP_KINDS = frozenset(
+STOP_KINDS = frozenset(
     {
         FailureKind.CUDA_OOM,
         FailureKind.HOST_OOM,
@@ -35,8 +37,10 @@ _STOP_KINDS = frozenset(
 class ErrorFileWatch:
     """Polls ``<log_dir>/*/attempt_*/<rank>/error.json`` written since ``since``."""
 
-    def __init__(self, log_dir: Path, since: float, every_s: float = 0.1) -> None:
-        self.log_dir, self.since, self.every_s = log_dir, since, every_s
+    def __init__(
+        self, log_dir: Path, since: float, every_s: float = 0.1, launcher: RankLogSource = TORCHRUN
+    ) -> None:
+        self.log_dir, self.since, self.every_s, self.launcher = log_dir, since, every_s, launcher
         self._next = 0.0
         self._seen: set[Path] = set()
 
@@ -46,8 +50,9 @@ class ErrorFileWatch:
         if now < self._next:
             return None
         self._next = now + self.every_s
-        for path in self.log_dir.glob("*/attempt_*/*/error.json"):
-            if path in self._seen or not path.parent.name.isdigit():
+        for local, files in sorted(self.launcher.rank_logs(self.log_dir).items()):
+            path = files.error_file
+            if path is None or path in self._seen or not path.is_file():
                 continue
             try:
                 if path.stat().st_mtime < self.since:
@@ -59,12 +64,11 @@ class ErrorFileWatch:
             if doc is None:
                 continue  # absent or half-written: look again next poll
             self._seen.add(path)
-            local = int(path.parent.name)
             ev = RankEvidence(
                 local_rank=local, rank=local, message=str(doc["message"]),
                 callstack=str(doc["callstack"]), sources=["error-file"],
             )  # fmt: skip
             verdict = classify_rank(ev)
-            if verdict.kind in _STOP_KINDS and not verdict.cascade:
+            if verdict.kind in STOP_KINDS and not verdict.cascade:
                 return verdict
         return None

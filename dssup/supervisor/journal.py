@@ -5,7 +5,8 @@ file in the same directory, fsynced and renamed over the old one, so a reader (o
 restarted after SIGKILL) sees either the journal before an event or after it, never half a
 line. Journals are small (a few records per attempt), so rewriting costs microseconds.
 
-Record types: ``run-started``, ``attempt-started``, ``attempt-ended``, ``continuity`` (an
+Record types: ``run-started``, ``attempt-started``, ``attempt-ended``, ``job-report`` (what
+the job itself reported about an attempt, and the global-batch verdict), ``continuity`` (an
 adapter's judgement of an ended attempt), ``decision``, ``supervisor-restarted``, ``run-ended``.
 Each carries ``seq`` (0, 1, ...) and ``ts``.
 """

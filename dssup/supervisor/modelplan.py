@@ -17,7 +17,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from dssup.memory import Candidate, Layout, ModelSpec, Overheads, PlanRequest, Training
+from dssup.memory import (
+    Candidate,
+    Layout,
+    ModelSpec,
+    Overheads,
+    PlanRequest,
+    PlanResult,
+    Training,
+)
 from dssup.memory import estimate as estimate_memory
 from dssup.memory import plan as plan_memory
 from dssup.supervisor.adapters import RemedyContext
@@ -77,6 +85,7 @@ class ModelStep:
     calibration_bytes: int = 0
     name: str = "memory-model"
     history: list[int] = field(default_factory=list)
+    note: str | None = None  # why the last proposal was None (journalled by the planner)
 
     def observed_peak(self, failure: Failure) -> int:
         """A lower bound on what the failed config really needed."""
@@ -103,6 +112,7 @@ class ModelStep:
         return self.calibration_bytes
 
     def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        self.note = None
         if (
             failure.kind not in {FailureKind.CUDA_OOM, FailureKind.HOST_OOM}
             or plan.global_batch is None
@@ -126,6 +136,9 @@ class ModelStep:
             limit=200,
         )
         result = plan_memory(req)
+        if not result.candidates:
+            self.note = self._nothing_fits(result, calibration)
+            return None
         for cand in result.candidates:
             new = _from_candidate(cand, plan)
             if new.key() in ctx.tried or new == plan or not _helps(failure, plan, new):
@@ -141,4 +154,25 @@ class ModelStep:
                 predicted_peak_bytes=cand.peak_bytes,
                 calibration_bytes=calibration,
             )
+        self.note = "every config the memory model finds fitting was tried or cannot help"
         return None
+
+    def _nothing_fits(self, result: PlanResult, calibration: int) -> str:
+        """The verdict in GiB: capacity, margin, calibration and the closest miss."""
+        text = (
+            f"the memory model finds nothing that fits {_gib(self.gpu_memory_bytes)} GiB with a "
+            f"{self.margin:.0%} margin (calibrated +{_gib(calibration)} GiB from the failure)"
+        )
+        c = result.closest
+        if c is not None:
+            t = c.training
+            text += (
+                f"; closest: micro-batch {t.micro_batch} x accumulation {t.grad_accum}, recompute "
+                f"{t.recompute}, ZeRO-{t.zero_stage} needs {_gib(c.peak_bytes)} GiB "
+                f"({_gib(-c.headroom_bytes)} GiB over)"
+            )
+        return text + "; the built-in ladder goes on from the failure itself"
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f}"

@@ -29,6 +29,7 @@ class FailureKind(StrEnum):
     USER_ERROR = "user-error"  # SyntaxError, FileNotFoundError, shape mismatch: never retried
     TRANSIENT = "transient"  # unknown; retried with backoff, bounded
     TEARDOWN = "teardown"  # a worker aborted after the job reported completion: success
+    BATCH_MISMATCH = "batch-mismatch"  # the job reported a global batch other than the plan's
     INTERRUPTED = "interrupted"  # dssup was told to stop, or was killed mid-attempt
 
     @property
@@ -78,7 +79,11 @@ class Failure(BaseModel):
 
     @property
     def retryable(self) -> bool:
-        return self.kind not in {FailureKind.USER_ERROR, FailureKind.TEARDOWN}
+        return self.kind not in {
+            FailureKind.USER_ERROR,
+            FailureKind.TEARDOWN,
+            FailureKind.BATCH_MISMATCH,
+        }
 
 
 class TrainingPlan(BaseModel):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from dssup.supervisor.adapters import RemedyContext, RemedyStep
 from dssup.supervisor.models import Failure, FailureKind, Remedy, TrainingPlan
@@ -26,6 +26,7 @@ __all__ = [
     "LoadToCpuStep",
     "RaiseRecomputeStep",
     "RemedyPlanner",
+    "no_remedy_reason",
     "per_rank_share",
 ]
 
@@ -81,6 +82,14 @@ class AllocConfStep:
         return Remedy(step=self.name, plan=new, reason=reason) if _fresh(new, ctx) else None
 
 
+def _recompute_left(plan: TrainingPlan, ctx: RemedyContext) -> bool:
+    """A higher recompute level this script can receive and that was not tried."""
+    if "recompute" not in ctx.capabilities or plan.recompute not in _RECOMPUTE:
+        return False
+    higher = _RECOMPUTE[_RECOMPUTE.index(plan.recompute) + 1 :]
+    return any(ctx.usable(plan.model_copy(update={"recompute": r})) for r in higher)
+
+
 class HalveMicroBatchStep:
     name = "halve-micro-batch"
     activation_only = True  # helps activation peaks only; see RemedyPlanner.ordered
@@ -89,7 +98,10 @@ class HalveMicroBatchStep:
         share = per_rank_share(plan)
         if not _activation_oom(failure, ctx) or share is None or plan.micro_batch is None:
             return None
-        for mb in range(plan.micro_batch // 2, 0, -1):
+        # Before the first checkpoint every failure restarts from step 0: try recompute before
+        # the slowest split of all (micro-batch 1).
+        floor = 2 if not ctx.progress_saved and _recompute_left(plan, ctx) else 1
+        for mb in range(plan.micro_batch // 2, floor - 1, -1):
             if share % mb:
                 continue
             new = plan.model_copy(update={"micro_batch": mb, "grad_accum": share // mb})
@@ -120,17 +132,20 @@ class RaiseRecomputeStep:
 
 @dataclass
 class RemedyPlanner:
-    """Walks the rungs in order; the first fresh proposal wins."""
+    """Walks the rungs in order; the first fresh proposal the hand-off accepts wins. What was
+    passed over, and why, is in ``skipped`` after each ``decide``."""
 
     steps: Sequence[RemedyStep]
+    skipped: list[str] = field(default_factory=list)
 
     @classmethod
     def default(
         cls, model_step: RemedyStep | None = None, extra: Sequence[RemedyStep] = ()
     ) -> RemedyPlanner:
-        batch: list[RemedyStep] = (
-            [model_step] if model_step else [HalveMicroBatchStep(), RaiseRecomputeStep()]
-        )
+        # With a model description the memory model plans first; the built-in rungs still
+        # follow (when the model finds nothing that fits, the failure itself guides the ladder).
+        builtin: list[RemedyStep] = [HalveMicroBatchStep(), RaiseRecomputeStep()]
+        batch: list[RemedyStep] = [model_step, *builtin] if model_step else builtin
         for step in extra if model_step is not None else ():
             attach = getattr(step, "attach_model", None)  # e.g. the DeepSpeed rung
             if callable(attach):
@@ -146,12 +161,46 @@ class RemedyPlanner:
         return [s for s in self.steps if s not in late] + late
 
     def decide(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:
+        self.skipped = []
         for step in self.ordered(failure):
-            remedy = step.propose(failure, plan, ctx)
-            if remedy is None or remedy.plan.key() in ctx.tried:
-                continue
+            remedy = self._from(step, failure, plan, ctx)
+            note = getattr(step, "note", None)
+            if note:
+                self.skipped.append(f"{step.name}: {note}")
+            if remedy is not None:
+                return remedy
+        return None
+
+    def _from(
+        self, step: RemedyStep, failure: Failure, plan: TrainingPlan, ctx: RemedyContext
+    ) -> Remedy | None:
+        """The step's first proposal the hand-off accepts (refused ones count as tried)."""
+        tried = set(ctx.tried)
+        for _ in range(64):
+            remedy = step.propose(failure, plan, replace(ctx, tried=frozenset(tried)))
+            if remedy is None or remedy.plan.key() in tried:
+                return None
             if remedy.plan.global_batch != plan.global_batch:
                 log.error("rung %s changed the global batch; ignored", step.name)
-                continue
-            return remedy
+                return None
+            why = ctx.check(remedy.plan) if ctx.check is not None else None
+            if why is None:
+                return remedy
+            self.skipped.append(f"{step.name} ({remedy.plan.describe()}): {why.reason}")
+            if why.unreachable:
+                return None
+            tried.add(remedy.plan.key())
         return None
+
+
+def no_remedy_reason(failure: Failure, plan: TrainingPlan, skipped: Sequence[str] = ()) -> str:
+    """Why the ladder gave up, with every remedy it passed over and why."""
+    if failure.kind.is_oom and plan.micro_batch is None:
+        return (
+            f"no untried remedy for {failure.kind}: the micro-batch is unknown; pass "
+            "--global-batch-size and --micro-batch-size (or a model with --model)"
+        )
+    if failure.kind == FailureKind.COMM_OOM:
+        return "out of memory inside a collective: a smaller micro-batch barely helps; no remedy"
+    why = f"; passed over: {'; '.join(skipped)}" if skipped else ""
+    return f"no untried remedy for {failure.kind} (all rungs tried or not applicable){why}"

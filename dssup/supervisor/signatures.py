@@ -23,16 +23,23 @@ class Signature:
     kind: FailureKind
     pattern: re.Pattern[str]
     cascade: bool = False
+    # The message alone means the process is ending (Python's own "can't open file", an
+    # argparse usage error, a Rust allocation abort): no traceback needed to stop the attempt.
+    fatal: bool = False
 
 
-def _sig(name: str, kind: FailureKind, regex: str, cascade: bool = False) -> Signature:
-    return Signature(name, kind, re.compile(regex, re.IGNORECASE | re.MULTILINE), cascade)
+def _sig(
+    name: str, kind: FailureKind, regex: str, cascade: bool = False, fatal: bool = False
+) -> Signature:
+    return Signature(name, kind, re.compile(regex, re.IGNORECASE | re.MULTILINE), cascade, fatal)
 
 
 K = FailureKind
 SIGNATURES: tuple[Signature, ...] = (
     # --- OOM inside communication: a batch cut barely helps (buffers, not activations)
     _sig("nccl-cuda-oom", K.COMM_OOM, r"NCCL.*(Cuda failure|cuda error).*out of memory"),
+    # a C++ allocation failure: a collective's buffers when the traceback is inside one;
+    # classify makes it host-oom when the traceback shows another phase (a save, a load)
     _sig("comm-bad-alloc", K.COMM_OOM, r"MemoryError: std::bad_alloc"),
     # --- device OOM
     _sig("cuda-oom", K.CUDA_OOM, r"CUDA out of memory\. Tried to allocate"),
@@ -43,6 +50,13 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("cudnn-not-supported", K.CUDA_OOM, r"CUDNN_STATUS_NOT_SUPPORTED"),
     _sig("cpu-allocator", K.HOST_OOM, r"DefaultCPUAllocator: can't allocate memory"),
     _sig("python-memoryerror", K.HOST_OOM, r"^\s*(\[rank\d+\]:\s*)?MemoryError\b"),
+    # host allocations outside torch: numpy, a Rust writer (safetensors) aborting, the kernel
+    # refusing memory to a syscall (fork, mmap, a pickle buffer)
+    _sig(
+        "numpy-alloc", K.HOST_OOM, r"_ArrayMemoryError|Unable to allocate [\d.]+ \w+ for an array"
+    ),
+    _sig("rust-alloc", K.HOST_OOM, r"memory allocation of \d+ bytes failed", fatal=True),
+    _sig("errno-enomem", K.HOST_OOM, r"\[Errno 12\] Cannot allocate memory|os error 12\b"),
     _sig("dataloader-killed", K.HOST_OOM, r"DataLoader worker \(pid \d+\) is killed by signal"),
     _sig("kernel-oom", K.HOST_OOM, r"(Out of memory: Killed process|Memory cgroup out of memory)"),
     # --- cascades: this rank died because another one did
@@ -53,14 +67,26 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("nccl-remote", K.COMM, r"NCCL (communicator was aborted|error: remote process)", True),
     _sig("store-gone", K.COMM, r"(TCPStore|Broken pipe|recvValue failed|Socket Timeout)", True),
     # --- user errors: deterministic, never retried
-    _sig("syntax-error", K.USER_ERROR, r"\b(SyntaxError|IndentationError|TabError)\b"),
+    _sig("missing-script", K.USER_ERROR, r"can't open file .*\[Errno \d+\]", fatal=True),
+    _sig("missing-module", K.USER_ERROR, r"^\S*python[\d.]*: No module named ", fatal=True),
+    _sig("syntax-error", K.USER_ERROR, r"\b(SyntaxError|IndentationError|TabError)\b", fatal=True),
     _sig("import-error", K.USER_ERROR, r"\b(ModuleNotFoundError|ImportError)\b"),
     _sig("file-not-found", K.USER_ERROR, r"\b(FileNotFoundError|IsADirectoryError)\b"),
     _sig("name-error", K.USER_ERROR, r"\b(NameError|AttributeError|TypeError|KeyError)\b"),
     _sig("shape-mismatch", K.USER_ERROR, r"(size mismatch|shape mismatch|shapes cannot be multi)"),
     _sig("state-dict", K.USER_ERROR, r"Error\(s\) in loading state_dict"),
+    _sig(
+        "hf-arguments",
+        K.USER_ERROR,
+        r"Some specified arguments are not used by the HfArgumentParser",
+    ),
     _sig("value-error", K.USER_ERROR, r"\b(ValueError|AssertionError)\b"),
-    _sig("argparse", K.USER_ERROR, r"error: (unrecognized arguments|the following arguments)"),
+    _sig(
+        "argparse",
+        K.USER_ERROR,
+        r"^\S+: error: (unrecognized arguments|the following arguments|argument )",
+        fatal=True,
+    ),
     # --- real communication failures (no other rank died first): transient-ish
     _sig("dist-backend", K.COMM, r"\bDistBackendError\b"),
     _sig("nccl-error", K.COMM, r"\bNCCL error\b"),

@@ -2,7 +2,8 @@
 
 ``replay`` folds the journal's records into: the plan the next attempt must use, the keys of
 every plan that failed with an OOM (never repeated), attempts used, consecutive unknown
-failures, consecutive attempts without checkpoint progress, and the latest calibration.
+failures, the distinct configs that failed since the last checkpoint progress, and the latest
+calibration.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class RunState:
     calibration_bytes: int = 0
     last_exit_code: int | None = None
     last_exit_mono: float | None = None
+    # configs that failed since the last checkpoint progress: the no-progress budget counts
+    # these, not restarts (a transient retry of the same config costs nothing)
+    stalled: set[str] = field(default_factory=set)
 
     def since_last_exit(self) -> float | None:
         if self.last_exit_mono is None:
@@ -49,9 +53,12 @@ class RunState:
         retried = failure.kind in {FailureKind.TRANSIENT, FailureKind.COMM}
         self.transient_in_row = self.transient_in_row + 1 if retried else 0
         advanced = step is not None and (self.best_step is None or step > self.best_step)
-        self.no_progress = 0 if advanced else self.no_progress + 1
         if advanced:
             self.best_step = step
+            self.stalled = set()
+        else:
+            self.stalled.add(plan.key())
+        self.no_progress = len(self.stalled)
 
     def record(self, result: AttemptResult, step: int | None) -> None:
         self._fold(self.plan, result.failure, result.exit_code, step)

@@ -21,6 +21,7 @@ from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
+from dssup.jobreport import ReportRecord
 from dssup.obs.metrics import Metrics, NullMetrics
 from dssup.supervisor.adapters import (
     BUILTIN_CAPABILITIES,
@@ -28,15 +29,19 @@ from dssup.supervisor.adapters import (
     RemedyContext,
     assessments,
 )
+from dssup.supervisor.aftermath import journal_report, kept_global_batch, rank0_output
 from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
 from dssup.supervisor.config import SupervisorConfig
+from dssup.supervisor.jobview import JobView
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.process import Child, terminate_token
-from dssup.supervisor.remedies import RemedyPlanner
+from dssup.supervisor.remedies import RemedyPlanner, no_remedy_reason
+from dssup.supervisor.report import AttemptReport
 from dssup.supervisor.state import RunState, replay
+from dssup.supervisor.text import clip
 
 __all__ = ["RECOVERY_FAILED", "RunOutcome", "Supervisor"]
 
@@ -45,7 +50,8 @@ log = logging.getLogger(__name__)
 # whose root cause was not seen here (on another node, or a network blip).
 _RETRIED = frozenset({FailureKind.TRANSIENT, FailureKind.COMM})
 # Exit status of a run whose training finished after a recovery an adapter judged broken (the
-# loss jumped, samples were skipped or repeated): the result is not to be trusted as it is.
+# loss jumped, samples were skipped or repeated), or whose job reported a global batch other
+# than the one dssup keeps: the result is not to be trusted as it is.
 RECOVERY_FAILED = 3
 
 
@@ -59,14 +65,21 @@ class RunOutcome:
 @dataclass
 class Supervisor:
     config: SupervisorConfig
-    command: TorchrunCommand
+    command: LaunchCommand
     planner: RemedyPlanner
     adapters: Sequence[PlanAdapter] = ()
     metrics: Metrics = field(default_factory=NullMetrics)
     sink: Callable[[str], None] | None = None
     sleep: Callable[[float], None] = time.sleep
+    view: JobView | None = None  # the hand-off and framework of this script (None: builtin)
+    say: Callable[[str], None] | None = None  # dssup's own lines for the console
     _signal: int | None = None
     _child: Child | None = None
+
+    def _say(self, text: str) -> None:
+        log.debug("%s", text)
+        if self.say is not None:
+            self.say(f"dssup: {text}")
 
     # --- signals -------------------------------------------------------------------------
     def request_stop(self, sig: int) -> None:
@@ -93,12 +106,25 @@ class Supervisor:
             )
         else:
             self._recover(journal)
+        self._announce(journal)
         old = self._install()
         try:
             return self._loop(journal)
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+    def _announce(self, journal: Journal) -> None:
+        """The hand-off plan: journalled once, printed whenever dssup (re)starts the run."""
+        if self.view is None:
+            return
+        plan = replay(journal, self.config.initial_plan).plan
+        for rec in journal.of_type("job-report"):  # a restarted supervisor relearns
+            self.view.learn(rec.get("records") or [])
+        if journal.last("handoff") is None:
+            journal.append("handoff", **self.view.handoff.model_dump(mode="json"))
+        for line in self.view.handoff.lines(plan):
+            self._say(line)
 
     def _recover(self, journal: Journal) -> None:
         lost = journal.open_attempt()
@@ -137,6 +163,10 @@ class Supervisor:
                 )
             result = self._with_transient_retries(journal, state)
             failure = result.failure
+            if result.report is not None and result.report.batch.status == "mismatch":
+                reason = f"the job does not train with the planned global batch: {result.report.batch.detail}"
+                log.error("%s", reason)
+                return self._end(journal, state, "batch-mismatch", reason, RECOVERY_FAILED)
             if failure is None or failure.kind == FailureKind.TEARDOWN:
                 return self._finished(journal, state)
             if failure.kind == FailureKind.INTERRUPTED:
@@ -148,7 +178,7 @@ class Supervisor:
                     journal,
                     state,
                     "gave-up",
-                    f"{failure.kind}: not retried ({failure.message[:200]})",
+                    f"{failure.kind}: not retried ({clip(failure.message, 200)})",
                 )
             if state.no_progress >= self.config.max_no_progress:
                 return self._end(
@@ -165,25 +195,33 @@ class Supervisor:
                     f"transient failures: {self.config.transient_retries} retries used",
                 )
             if not self._remedy(journal, state, failure):
-                return self._end(journal, state, "gave-up", _no_remedy_reason(failure, state.plan))
+                last = journal.last("decision") or {}
+                return self._end(journal, state, "gave-up", str(last.get("reason", "")))
 
     def planner_calibration(self, state: RunState) -> None:
         for step in self.planner.steps:
             if hasattr(step, "calibration_bytes") and state.calibration_bytes:
                 step.calibration_bytes = state.calibration_bytes
 
+    def _context(self, state: RunState) -> RemedyContext:
+        adapter_caps = {c for a in self.adapters for c in a.capabilities}
+        caps = frozenset(BUILTIN_CAPABILITIES | adapter_caps)
+        check = None
+        if self.view is not None:
+            caps = self.view.capabilities
+            check = self.view.check(state.plan, state.tried)
+        return RemedyContext(frozenset(state.tried), caps, self.config.device, check,
+                             progress_saved=state.best_step is not None)  # fmt: skip
+
     def _remedy(self, journal: Journal, state: RunState, failure: Failure) -> bool:
-        caps = frozenset(BUILTIN_CAPABILITIES | {c for a in self.adapters for c in a.capabilities})
-        ctx = RemedyContext(frozenset(state.tried), caps, self.config.device)
-        remedy = self.planner.decide(failure, state.plan, ctx)
+        remedy = self.planner.decide(failure, state.plan, self._context(state))
+        skipped = list(self.planner.skipped)
+        for line in skipped:
+            self._say(f"not used: {line}")
         if remedy is None:
-            journal.append(
-                "decision",
-                action="give-up",
-                after_attempt=state.attempts,
-                reason=_no_remedy_reason(failure, state.plan),
-                tried=sorted(state.tried),
-            )
+            reason = no_remedy_reason(failure, state.plan, skipped)
+            journal.append("decision", action="give-up", after_attempt=state.attempts,
+                           reason=reason, tried=sorted(state.tried), skipped=skipped)  # fmt: skip
             return False
         changes = {k: list(v) for k, v in remedy.plan.changes_from(state.plan).items()}
         journal.append(
@@ -196,8 +234,9 @@ class Supervisor:
             changes=changes,
             predicted_peak_bytes=remedy.predicted_peak_bytes,
             calibration_bytes=remedy.calibration_bytes,
+            skipped=skipped,
         )
-        log.info("remedy %s: %s", remedy.step, remedy.reason, extra={"attempt": state.attempts})
+        self._say(f"remedy {remedy.step}: {remedy.reason}")
         state.plan = remedy.plan
         return True
 
@@ -227,6 +266,7 @@ class Supervisor:
                 lambda r: (
                     r.failure is not None
                     and r.failure.kind in _RETRIED
+                    and (r.report is None or r.report.batch.status != "mismatch")
                     and self._signal is None
                     and state.no_progress < self.config.max_no_progress
                 )
@@ -260,7 +300,16 @@ class Supervisor:
             resume=resume,
             checkpoint_dir=self.config.checkpoint_dir,
             adapters=self.adapters,
+            view=self.view,
         )
+        if self.view is not None:
+            self._say(self.view.attempt_line(number, state.plan, resume))
+            hint = self.view.checkpoint_hint(
+                self.config.checkpoint_dir, self.config.checkpoint_pattern
+            )
+            if hint and resume is None:
+                self._say(f"warning: {hint}")
+                spec.notes.append(hint)
         journal.append(
             "attempt-started",
             attempt=number,
@@ -285,7 +334,11 @@ class Supervisor:
             stop_signal=lambda: self._signal,
             on_start=lambda c: setattr(self, "_child", c),
             fast_fail=self.config.fast_fail,
+            expected_global_batch=self._kept_global_batch(journal, state),
         )
+        output = JobView.output(rank0_output(self.command, spec.dir))
+        if self.view is not None:
+            result.failure = self.view.finished(result.failure, result.started, output)
         step = self._step()
         state.record(result, step)
         journal.append(
@@ -300,10 +353,40 @@ class Supervisor:
             spawned_at=round(result.spawned_at, 4),
             exited_at=round(result.exited_at, 4),
         )
+        derived = self.view.reported(output) if self.view is not None else []
+        result.report = self._job_report(journal, number, spec.dir, state, derived)
         self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
         self._write_metrics()
         return result
+
+    def _kept_global_batch(self, journal: Journal, state: RunState) -> int | None:
+        return kept_global_batch(journal, state.plan)
+
+    def _job_report(
+        self,
+        journal: Journal,
+        number: int,
+        attempt_dir: Path,
+        state: RunState,
+        derived: Sequence[ReportRecord] = (),
+    ) -> AttemptReport:
+        """Read and journal what the job reported (and its framework printed: ``derived``),
+        and learn from it which knobs the job takes from the environment."""
+        report = journal_report(journal, number, attempt_dir, state.plan, derived, self._say)
+        self._learn(journal, report.records, number)
+        return report
+
+    def _learn(self, journal: Journal, records: Sequence[dict[str, Any]], after: int) -> None:
+        if self.view is None:
+            return
+        learned = self.view.learn(records)
+        if learned:
+            journal.append(
+                "handoff", after_attempt=after, **self.view.handoff.model_dump(mode="json")
+            )
+            names = ", ".join(self.view.handoff.channels[k].name for k in learned)
+            self._say(f"hand-off: the job's report shows it reads {names}: those knobs can change")
 
     def _assess(self, journal: Journal, number: int, attempt_dir: Path) -> None:
         """Journal what adapters judge of the attempt that just ended (loss continuity)."""
@@ -314,7 +397,9 @@ class Supervisor:
         """Training finished; a recovery that an adapter judged broken still fails the run."""
         broken = [r for r in journal.of_type("continuity") if not r.get("ok", True)]
         if not broken:
-            return self._end(journal, state, "succeeded", "training finished", 0)
+            last = (journal.last("attempt-ended") or {}).get("failure") or {}
+            after = f" (then, as teardown: {clip(last.get('message', ''), 200)})" if last else ""
+            return self._end(journal, state, "succeeded", f"training finished{after}", 0)
         first = broken[0]
         reason = (
             f"training finished, but the recovery failed: attempt {first['attempt']} "
@@ -342,17 +427,6 @@ class Supervisor:
             final_plan=state.plan.model_dump(mode="json"),
         )
         return RunOutcome(code, reason, journal)
-
-
-def _no_remedy_reason(failure: Failure, plan: TrainingPlan) -> str:
-    if failure.kind.is_oom and plan.micro_batch is None:
-        return (
-            f"no untried remedy for {failure.kind}: the micro-batch is unknown; pass "
-            "--global-batch-size and --micro-batch-size (or a model with --model)"
-        )
-    if failure.kind == FailureKind.COMM_OOM:
-        return "out of memory inside a collective: a smaller micro-batch barely helps; no remedy"
-    return f"no untried remedy for {failure.kind} (all rungs tried or not applicable)"
 
 
 def plan_of(record: dict[str, Any]) -> TrainingPlan:

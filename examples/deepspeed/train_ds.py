@@ -39,6 +39,8 @@ import deepspeed
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 from ds_memory import MemoryCapAt, state_digest, vm_bytes
 
+from dssup.runtime.report import report_checkpoint, report_completed, report_started
+
 DATA_SEED = 1234
 MODEL_SEED = 42
 
@@ -280,6 +282,15 @@ def main(argv: list[str] | None = None) -> None:
     engine, model, _ = build(args)
     emit("engine", **engine_report(engine, model))
     resume(engine, args)
+    report_started(  # the job-side report: what the engine really runs with, after the resume
+        micro_batch=engine.train_micro_batch_size_per_gpu(),
+        grad_accum=engine.gradient_accumulation_steps(),
+        dp=engine.dp_world_size,
+        global_batch=engine.train_batch_size(),
+        first_step=int(engine.global_steps),
+        recompute="full" if model.recompute else "none",
+        framework="deepspeed",
+    )
     if args.dump_after_load is not None:
         state = full_state(engine)
         if dist.get_rank() == 0:
@@ -298,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.save_dir and args.save_every and engine.global_steps % args.save_every == 0:
             engine.save_checkpoint(str(args.save_dir), tag=f"global_step{engine.global_steps}")
             emit("saved", tag=f"global_step{engine.global_steps}", dir=str(args.save_dir))
+            if dist.get_rank() == 0:
+                report_checkpoint(engine.global_steps, args.save_dir)
             if args.state_digest and not cap.active:
                 emit("state", global_steps=engine.global_steps, digest=state_digest(engine))
     emit(
@@ -307,6 +320,7 @@ def main(argv: list[str] | None = None) -> None:
         vm_peak=vm_bytes("VmPeak"),
         rss_peak=vm_bytes("VmHWM"),
     )
+    report_completed(int(engine.global_steps))
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

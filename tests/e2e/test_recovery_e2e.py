@@ -76,7 +76,11 @@ def test_recovers_from_a_real_oom_with_the_global_batch_exact(tmp_path):
     assert {s["plan"]["global_batch"] for s in starts} == {32}
     assert starts[1]["resume_step"] == 4 and starts[1]["env"]["DSSUP_MICRO_BATCH_SIZE"] == "8"
     assert "dssup: succeeded after 2 attempt(s)" in res.stdout
-    assert "global batch 32: unchanged" in res.stdout
+    assert "global batch 32 (verified by the job in every attempt)" in res.stdout
+    reports = [r for r in rec if r["type"] == "job-report"]
+    assert [r["batch"]["status"] for r in reports] == ["verified", "verified"]
+    assert [r["first_step"] for r in reports] == [0, 4]  # attempt 2 really resumed at step 4
+    assert reports[1]["completed_ranks"] == [0, 1]
 
     subprocess.run(
         [

@@ -56,6 +56,7 @@ def test_memory_api() -> None:
             "StageEstimate",
             "Training",
             "estimate",
+            "known_model_types",
             "model_from_hf_config",
             "plan",
             "preset",

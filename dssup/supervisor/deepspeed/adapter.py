@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dssup.jobreport import ReportRecord, Started
 from dssup.supervisor.adapters import AppliedPlan, RemedyStep
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
 from dssup.supervisor.deepspeed.assess import assess_attempt
 from dssup.supervisor.deepspeed.ckpt_info import CheckpointInfo, find_latest_complete
 from dssup.supervisor.deepspeed.config import (
@@ -43,6 +45,7 @@ from dssup.supervisor.deepspeed.convert import Resume, prepare_resume
 from dssup.supervisor.deepspeed.ladder import DeepSpeedStep, MemoryContext
 from dssup.supervisor.deepspeed.render import render_config, write_json_atomic
 from dssup.supervisor.deepspeed.savings import ParamContext, param_context
+from dssup.supervisor.frameworks.base import Channel
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["SAVE_DIR_FLAGS", "DeepSpeedAdapter", "to_ds_plan"]
@@ -99,28 +102,28 @@ class DeepSpeedAdapter:
         self.memory = memory
         self.python = python
         self.last_resume: Resume | None = None
-        self.command: TorchrunCommand | None = None
+        self.command: LaunchCommand | None = None
         # Inert until initial_plan finds a DeepSpeed JSON: a plain DDP job must never be
         # offered a ZeRO stage (by this rung or by the memory-model rung via capabilities).
         self.active = False
         self.capabilities: frozenset[str] = frozenset()
 
-    def applies(self, command: TorchrunCommand) -> bool:
+    def applies(self, command: LaunchCommand) -> bool:
         """A DeepSpeed job: its worker arguments name a DeepSpeed config."""
         return find_config(command.script_args) is not None
 
-    def _user_config(self, command: TorchrunCommand) -> tuple[dict[str, Any], int] | None:
+    def _user_config(self, command: LaunchCommand) -> tuple[dict[str, Any], int] | None:
         src = find_config(command.script_args)
         if src is None:
             return None
         return load_config_value(src.value), command.world_size()
 
-    def initial_plan(self, command: TorchrunCommand, plan: TrainingPlan) -> TrainingPlan:
+    def initial_plan(self, command: LaunchCommand, plan: TrainingPlan) -> TrainingPlan:
         found = self._user_config(command)
         if found is None:
             return plan
         raw, world = found
-        user = derive_plan(raw, world)
+        user = derive_plan(raw, world, _auto(plan))
         self.active, self.capabilities, self.command = True, self.CAPABILITIES, command
         offload = {("none", "none"): "none", ("cpu", "none"): "optimizer"}.get(
             (user.offload_optimizer, user.offload_param), "optimizer+params"
@@ -137,6 +140,31 @@ class DeepSpeedAdapter:
             }
         )
 
+    def channels(self, command: LaunchCommand) -> dict[str, Channel]:
+        """How the JSON carries the plan (the hand-off): ZeRO, offload, recompute, and the
+        batch where the script takes it from the JSON."""
+        src = find_config(command.script_args)
+        if src is None:
+            return {}
+        name = f"{src.flag} {src.value}"
+        keys = {
+            "zero_stage": "zero_optimization.stage",
+            "offload": "zero_optimization.offload_*",
+            "recompute": "activation_checkpointing",
+            "micro_batch": "train_micro_batch_size_per_gpu",
+            "grad_accum": "gradient_accumulation_steps",
+        }
+        return {
+            knob: Channel(
+                knob=knob,
+                via="config",
+                name=f"{key} in {name}",
+                evidence="dssup writes a new JSON for each attempt",
+                boolean=knob == "recompute",
+            )
+            for knob, key in keys.items()
+        }
+
     def remedy_steps(self) -> Sequence[RemedyStep]:
         return [DeepSpeedStep(memory=self.memory, params=self.params)] if self.active else []
 
@@ -144,13 +172,13 @@ class DeepSpeedAdapter:
         """Parameter count and precision from the latest complete checkpoint, if any."""
         return param_context(self.latest_checkpoint(self.command)) if self.command else None
 
-    def checkpoint_dirs(self, command: TorchrunCommand) -> list[Path]:
+    def checkpoint_dirs(self, command: LaunchCommand) -> list[Path]:
         if find_config(command.script_args) is None:
             return []
         value = _flag_value(command.script_args, SAVE_DIR_FLAGS)
         return [Path(value)] if value else []
 
-    def latest_checkpoint(self, command: TorchrunCommand) -> CheckpointInfo | None:
+    def latest_checkpoint(self, command: LaunchCommand) -> CheckpointInfo | None:
         for root in self.checkpoint_dirs(command):
             info = find_latest_complete(root) if root.is_dir() else None
             if info is not None:
@@ -160,7 +188,7 @@ class DeepSpeedAdapter:
     def apply(
         self,
         plan: TrainingPlan,
-        command: TorchrunCommand,
+        command: LaunchCommand,
         script_args: list[str],
         attempt_dir: Path,
     ) -> AppliedPlan:
@@ -169,7 +197,7 @@ class DeepSpeedAdapter:
         if src is None or found is None:
             return AppliedPlan()
         raw, world = found
-        user = derive_plan(raw, world)
+        user = derive_plan(raw, world, _auto(plan))
         resume = prepare_resume(
             self.latest_checkpoint(command),
             plan.zero_stage,
@@ -196,6 +224,24 @@ class DeepSpeedAdapter:
             notes.append(resume.warning)
         return AppliedPlan(script_args=args, env=_resume_env(resume, path), notes=notes)
 
+    def reported(self, text: str) -> list[ReportRecord]:
+        """``started`` records from the engine's own "DeepSpeedEngine configuration" dump on
+        rank 0 (``DeepSpeedConfig.print``: printed at INFO; DeepSpeed 0.19's logger defaults to
+        WARNING, so only jobs that raise it show it)."""
+        out: list[ReportRecord] = []
+        for block in text.split("DeepSpeedEngine configuration:")[1:]:
+            found = {k: int(v) for k, v in _DS_FIGURE.findall(block[:20_000])}
+            mb, gas = (
+                found.get("train_micro_batch_size_per_gpu"),
+                found.get("gradient_accumulation_steps"),
+            )
+            gb, world = found.get("train_batch_size"), found.get("world_size")
+            if mb and gas and gb and world:
+                out.append(Started(rank=0, world_size=world, dp=world, micro_batch=mb, grad_accum=gas,
+                                   global_batch=gb, framework="deepspeed",
+                                   source="deepspeed-engine-log"))  # fmt: skip
+        return out
+
     def assess(self, attempt_dir: Path) -> dict[str, Any] | None:
         """Loss continuity of an attempt that resumed (``assess_attempt``), once it has ended:
         the supervisor journals it, and a jump or a sample gap fails the recovery."""
@@ -205,6 +251,19 @@ class DeepSpeedAdapter:
         level = logging.INFO if record.ok else logging.ERROR
         log.log(level, "loss continuity after resume (%s): %s", attempt_dir.name, record.detail)
         return record.model_dump(mode="json")
+
+
+# DeepSpeedConfig.print: "  {arg} {'.' * (29 - len(arg))} {value}" (no dots past 29 characters)
+_DS_FIGURE = re.compile(
+    r"^.*?\b(train_batch_size|train_micro_batch_size_per_gpu|gradient_accumulation_steps|"
+    r"world_size) \.*\s*(\d+)\s*$",
+    re.MULTILINE,
+)
+
+
+def _auto(plan: TrainingPlan) -> dict[str, int | None]:
+    """What HF's integration would fill "auto" batch keys with (see ``config.fill_auto``)."""
+    return {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum}
 
 
 def _resume_env(resume: Resume, config: Path) -> dict[str, str]:

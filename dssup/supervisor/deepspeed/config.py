@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigSource",
     "DeepSpeedPlan",
     "derive_plan",
+    "fill_auto",
     "find_config",
     "load_config_value",
 ]
@@ -152,12 +154,42 @@ def load_config_value(value: str, base: Path | None = None) -> dict[str, Any]:
     return data
 
 
+def fill_auto(
+    raw: dict[str, Any], dp: int, auto: Mapping[str, int | None] | None
+) -> dict[str, Any]:
+    """The batch keys set to ``"auto"`` filled the way HF's integration fills them
+    (``transformers/integrations/deepspeed.py``, ``trainer_config_process``):
+    ``train_micro_batch_size_per_gpu`` = the per-device batch, ``gradient_accumulation_steps`` =
+    the accumulation, ``train_batch_size`` = world x per-device x accumulation. ``auto`` holds
+    the script's ``micro_batch`` and ``grad_accum`` (from its HF flags or HF's defaults); without
+    them "auto" cannot be resolved and is refused by name."""
+    keys = [k for k in _BATCH_KEYS if raw.get(k) == "auto"]
+    if not keys:
+        return raw
+    mb, gas = (auto or {}).get("micro_batch"), (auto or {}).get("grad_accum")
+    if mb is None or gas is None:
+        raise ConfigError(
+            keys[0],
+            '"auto" batch values are filled by HF Trainer (or accelerate) from the script\'s '
+            "per-device batch and accumulation, and this command gives dssup neither",
+            "run an HF Trainer script (--per_device_train_batch_size, --gradient_accumulation_steps),"
+            " pass --micro-batch-size and --grad-accum to dssup, or set numbers in the JSON",
+        )
+    values = {
+        "train_micro_batch_size_per_gpu": mb,
+        "gradient_accumulation_steps": gas,
+        "train_batch_size": mb * gas * dp,
+    }
+    return {**raw, **{k: values[k] for k in keys}}
+
+
 def _view(raw: dict[str, Any]) -> _View:
     if any(raw.get(k) == "auto" for k in _BATCH_KEYS):
         raise ConfigError(
             "train_batch_size",
             '"auto" batch values are filled in by HF Trainer, not DeepSpeed',
-            "set the batch keys to numbers, or let dssup plan from --global-batch-size",
+            "run an HF Trainer script, pass --micro-batch-size and --grad-accum to dssup, or set "
+            "the batch keys to numbers",
         )
     try:
         return _View.model_validate(raw)
@@ -195,9 +227,12 @@ def resolve_batch(tb: int | None, mb: int | None, gas: int | None, dp: int) -> t
     return tb, mb, gas
 
 
-def derive_plan(raw: dict[str, Any], dp: int) -> DeepSpeedPlan:
-    """What the JSON asks for, with the batch triple resolved for ``dp`` data-parallel ranks."""
-    v = _view(raw)
+def derive_plan(
+    raw: dict[str, Any], dp: int, auto: Mapping[str, int | None] | None = None
+) -> DeepSpeedPlan:
+    """What the JSON asks for, with the batch triple resolved for ``dp`` data-parallel ranks
+    (``"auto"`` batch values filled from ``auto`` as HF does: ``fill_auto``)."""
+    v = _view(fill_auto(raw, dp, auto) if auto is not None else raw)
     tb, mb, gas = resolve_batch(
         v.train_batch_size, v.train_micro_batch_size_per_gpu, v.gradient_accumulation_steps, dp
     )

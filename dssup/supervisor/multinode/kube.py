@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dssup.supervisor.text import clip
+
 __all__ = ["EventPublisher"]
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,9 @@ class EventPublisher:
             patch = {"metadata": {"annotations": dict(annotations)}}
             self._api.patch_namespaced_pod(self.pod, self.namespace, patch)
         except Exception as exc:  # any failure: RBAC, network, missing package
-            log.warning("Kubernetes publishing switched off: %s", str(exc).splitlines()[0][:200])
+            log.warning(
+                "Kubernetes publishing switched off: %s", clip(str(exc).splitlines()[0], 200)
+            )
             self.enabled = False
             return False
         self.sent += 1
@@ -74,7 +78,7 @@ class EventPublisher:
                 kind="Pod", name=self.pod, namespace=self.namespace, api_version="v1"
             ),
             reason=reason,
-            message=message[:1024],
+            message=clip(message, 1024),
             type="Normal",
             source=client.V1EventSource(component="dssup"),
             first_timestamp=now,

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from dssup.errors import ConfigError
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
 
 __all__ = ["DYNAMIC_BACKENDS", "check_elastic_command", "generation_command", "read_group"]
 
@@ -24,9 +24,15 @@ _GROUP_RANK = re.compile(r"\bgroup_rank=(\d+)")
 _GROUP_WORLD = re.compile(r"\bgroup_world_size=(\d+)")
 
 
-def check_elastic_command(cmd: TorchrunCommand) -> None:
-    """Multi-node dssup needs a dynamic rendezvous: a static one pins node ranks to the
-    original world, so a smaller or larger generation could not form."""
+def check_elastic_command(cmd: LaunchCommand) -> None:
+    """Multi-node dssup needs torchrun with a dynamic rendezvous: a static one pins node ranks
+    to the original world, so a smaller or larger generation could not form."""
+    if cmd.name != "torchrun":
+        raise ConfigError(
+            "command",
+            f"multi-node dssup (--shared-dir) drives torchrun generations, not {cmd.name}",
+            "wrap torchrun with --rdzv-backend c10d (or etcd-v2) on each node",
+        )
     backend = cmd.option("rdzv-backend") or "static"
     if backend not in DYNAMIC_BACKENDS:
         raise ConfigError(
@@ -52,7 +58,7 @@ def _strip(args: list[str]) -> list[str]:
     return out
 
 
-def generation_command(cmd: TorchrunCommand, nnodes: int, rdzv_id: str) -> TorchrunCommand:
+def generation_command(cmd: LaunchCommand, nnodes: int, rdzv_id: str) -> LaunchCommand:
     """``cmd`` with ``--nnodes`` and ``--rdzv-id`` set for one generation (flags beat the
     ``PET_*`` variables Kubeflow sets, so those are overridden too)."""
     launcher = [*_strip(cmd.launcher_args), "--nnodes", str(nnodes), "--rdzv-id", rdzv_id]

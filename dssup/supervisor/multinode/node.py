@@ -25,9 +25,11 @@ import signal
 import time
 from typing import Any
 
+from dssup.supervisor.aftermath import rank0_output
 from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
 from dssup.supervisor.checkpoints import find_latest
-from dssup.supervisor.command import TorchrunCommand
+from dssup.supervisor.command import LaunchCommand
+from dssup.supervisor.jobview import JobView
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
 from dssup.supervisor.multinode.agree import Agreement, Proposal, usable_nodes
@@ -48,6 +50,7 @@ from dssup.supervisor.multinode.splitbrain import quarantine_since
 from dssup.supervisor.multinode.store import SharedStore
 from dssup.supervisor.state import RunState
 from dssup.supervisor.supervisor import RunOutcome, Supervisor
+from dssup.supervisor.text import clip
 
 __all__ = ["MultiNodeSupervisor"]
 
@@ -66,7 +69,7 @@ class MultiNodeSupervisor(Supervisor):
     members: Membership
     agreement: Agreement
     events: EventPublisher
-    base_command: TorchrunCommand
+    base_command: LaunchCommand
     generation: int
     decision: Decision | None
     preempted: bool
@@ -261,7 +264,7 @@ class MultiNodeSupervisor(Supervisor):
         spec = build_spec(
             self.command, state.plan, number=number, run_id=self.config.run_id,
             run_dir=self.config.run_dir, resume=resume, checkpoint_dir=self.config.checkpoint_dir,
-            adapters=self.adapters,
+            adapters=self.adapters, view=self.view,
         )  # fmt: skip
         spec.env.setdefault("LOGLEVEL", "INFO")
         spec.env["DSSUP_GENERATION"] = str(d.generation)
@@ -278,6 +281,7 @@ class MultiNodeSupervisor(Supervisor):
             gpu_timeout_s=self.config.gpu_release_timeout_s, sink=self.sink,
             stop_signal=lambda: self._signal or (signal.SIGTERM if self.preempted else None),
             on_start=lambda c: setattr(self, "_child", c),
+            expected_global_batch=self._kept_global_batch(journal, state),
         )  # fmt: skip
         local = result.failure
         step = self._step()
@@ -293,6 +297,9 @@ class MultiNodeSupervisor(Supervisor):
         )  # fmt: skip
         if merged is not None and merged.kind.is_oom:
             state.tried.add(state.plan.key())
+        output = JobView.output(rank0_output(self.command, spec.dir))
+        derived = self.view.reported(output) if self.view is not None else []
+        result.report = self._job_report(journal, number, spec.dir, state, derived)
         self._assess(journal, number, spec.dir)
         self.metrics.supervisor_attempt(merged.kind.value if merged else "success")
         self._write_metrics()
@@ -352,7 +359,7 @@ class MultiNodeSupervisor(Supervisor):
         if self.members.leader() != self.mn.node_rank:
             journal.append(
                 "decision", action="follow", after_attempt=state.attempts,
-                reason=f"root cause {failure.kind} ({failure.message[:160]}); "
+                reason=f"root cause {failure.kind} ({clip(failure.message, 160)}); "
                 "the leader decides the next plan",
             )  # fmt: skip
             return True

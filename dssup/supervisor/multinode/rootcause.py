@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from dssup.supervisor.models import Failure, FailureKind
 from dssup.supervisor.multinode.records import NodeReport
+from dssup.supervisor.text import clip
 
 __all__ = ["MEMBERSHIP_SIGNATURES", "merge"]
 
@@ -34,7 +35,9 @@ def _line(node: int, r: NodeReport | None) -> str:
         return f"node {node}: stopped for a membership change"
     if r.failure is None:
         return f"node {node}: finished (exit {r.exit_code})"
-    return f"node {node}: {r.failure.kind} via {r.failure.signature}: {r.failure.message[:120]}"
+    return (
+        f"node {node}: {r.failure.kind} via {r.failure.signature}: {clip(r.failure.message, 120)}"
+    )
 
 
 def _tagged(f: Failure, node: int, evidence: list[str], role: str) -> Failure:

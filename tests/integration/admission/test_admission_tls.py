@@ -37,7 +37,7 @@ EXPECTED = {  # fixture -> (allowed after mutate+validate, patched)
     "pytorchjob-dsv3-resize.yaml": (True, True),
     "trainjob-qwen2-hf.yaml": (True, True),
     "jobset-llama70b.yaml": (True, True),
-    "job-annotations.yaml": (True, True),
+    "job-annotations.yaml": (False, False),  # its knobs are job annotations the pods never see
     "pod-shell.yaml": (True, True),
     "job-deepspeed.yaml": (False, False),
     "job-cpu.yaml": (True, False),
@@ -233,13 +233,21 @@ def _jobset_too_big():
     return obj
 
 
+def _job_under_dssup_run():
+    """The annotation-configured Job, its container run by ``dssup run`` (it reads DSSUP_*)."""
+    obj = load("job-annotations.yaml")
+    c = obj["spec"]["template"]["spec"]["containers"][0]
+    c["command"] = ["dssup", "run", "--", *c["command"]]
+    return obj
+
+
 @pytest.mark.parametrize(
     "make",
     [
         lambda: load("pytorchjob-dsv3-resize.yaml"),
         lambda: load("trainjob-qwen2-hf.yaml"),
         _jobset_too_big,
-        lambda: load("job-annotations.yaml"),
+        _job_under_dssup_run,
         lambda: load("pod-shell.yaml"),
     ],
     ids=["PyTorchJob", "TrainJob", "JobSet", "Job", "Pod"],
@@ -258,7 +266,7 @@ def test_every_kind_is_denied_without_mutation_and_resized_with_it(client, make)
         lambda: load("pytorchjob-dsv3-resize.yaml"),
         lambda: load("trainjob-qwen2-hf.yaml"),
         _jobset_too_big,
-        lambda: load("job-annotations.yaml"),
+        _job_under_dssup_run,
         lambda: load("pod-shell.yaml"),
     ],
     ids=["PyTorchJob", "TrainJob", "JobSet", "Job", "Pod"],

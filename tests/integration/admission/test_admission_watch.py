@@ -41,6 +41,29 @@ def _node(name, product, mib, rv):
     }
 
 
+# An MI300X node as AMD's ROCm node labeller labels it (k8s-device-plugin @ ed7646843003).
+AMD_NODE = {
+    "metadata": {
+        "name": "mi300x-1",
+        "resourceVersion": "8",
+        "labels": {
+            "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
+            "amd.com/gpu.vram": "192G",
+            "beta.amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
+            "beta.amd.com/gpu.product-name.AMD_Instinct_MI300X_OAM": "8",
+            "beta.amd.com/gpu.vram": "192G",
+            "beta.amd.com/gpu.vram.192G": "8",
+        },
+    }
+}
+
+
+def _selected(items, q):
+    """What a ``labelSelector=<key>`` (label exists) list or watch returns."""
+    key = (q.get("labelSelector") or [""])[0]
+    return [i for i in items if not key or key in i["metadata"]["labels"]]
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen: ClassVar[list[str]] = []
@@ -80,7 +103,27 @@ class _Handler(BaseHTTPRequestHandler):
                     "kind": "NodeList",
                     "apiVersion": "v1",
                     "metadata": {"resourceVersion": "10"},
-                    "items": [_node("h800-1", "NVIDIA-H800", 81559, "9")],
+                    "items": _selected([_node("h800-1", "NVIDIA-H800", 81559, "9"), AMD_NODE], q),
+                },
+            )
+        if url.path.startswith("/api/v1/namespaces/") and not watching:
+            ns = url.path.split("/")[4]
+            return self._send(
+                200,
+                {
+                    "kind": "ConfigMapList",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": "30"},
+                    "items": [
+                        {
+                            "metadata": {
+                                "name": f"cm-{ns}",
+                                "namespace": ns,
+                                "resourceVersion": "29",
+                            },
+                            "data": {"ds.json": ns},
+                        }
+                    ],
                 },
             )
         if url.path == "/api/v1/configmaps" and not watching:
@@ -104,15 +147,19 @@ class _Handler(BaseHTTPRequestHandler):
             )
         events = []
         if url.path == "/api/v1/nodes" and q.get("resourceVersion") == ["10"]:
+            added, gone = (
+                _node("h200-1", "NVIDIA-H200", 143771, "11"),
+                _node("h800-1", "NVIDIA-H800", 81559, "12"),
+            )
             events = [
-                {
-                    "type": "ADDED",
-                    "object": {"kind": "Node", **_node("h200-1", "NVIDIA-H200", 143771, "11")},
-                },
-                {
-                    "type": "DELETED",
-                    "object": {"kind": "Node", **_node("h800-1", "NVIDIA-H800", 81559, "12")},
-                },
+                *(
+                    {"type": "ADDED", "object": {"kind": "Node", **n}}
+                    for n in _selected([added], q)
+                ),
+                *(
+                    {"type": "DELETED", "object": {"kind": "Node", **n}}
+                    for n in _selected([gone], q)
+                ),
             ]
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -152,11 +199,37 @@ def test_list_then_watch_feeds_the_cache(fake_apiserver):
         assert store.synced() and watcher.synced()
         assert store.gpu_product("NVIDIA-H200").memory_mib == 143771
         assert store.gpu_product("NVIDIA-H800") is None  # deleted by the watch
+        # AMD nodes come from their own label-selected watch, which leaves NVIDIA's alone
+        assert store.gpu_product("AMD_Instinct_MI300X_OAM").memory_mib == 196592
+        assert any("labelSelector=amd.com/gpu.product-name" in p for p in _Handler.seen)
         assert store.config_map("team-a", "m") == {"config.json": "{}"}
         assert any("labelSelector=nvidia.com/gpu.product" in p for p in _Handler.seen), (
             _Handler.seen
         )
         assert any("labelSelector=dssup.io/watch%3Dtrue" in p for p in _Handler.seen)
+    finally:
+        watcher.stop()
+
+
+def test_configmaps_are_watched_per_opted_in_namespace(fake_apiserver):
+    """Least privilege: with --configmap-namespaces the webhook lists and watches ConfigMaps
+    only there (a namespaced Role suffices), never across the cluster."""
+    cfg = client.Configuration(host=f"http://127.0.0.1:{fake_apiserver.server_address[1]}")
+    store = InMemoryCache(synced=False)
+    _Handler.seen.clear()
+    watcher = KubeWatchCache(
+        store, client.ApiClient(cfg), watch_timeout_s=1, config_map_namespaces=("team-a", "team-b")
+    )
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not store.synced():
+            time.sleep(0.05)
+        assert store.synced()
+        assert store.config_map("team-a", "cm-team-a") == {"ds.json": "team-a"}
+        assert store.config_map("team-b", "cm-team-b") == {"ds.json": "team-b"}
+        cm_paths = [p for p in _Handler.seen if "configmaps" in p]
+        assert cm_paths and all(p.startswith("/api/v1/namespaces/team-") for p in cm_paths)
     finally:
         watcher.stop()
 

@@ -300,7 +300,7 @@ def test_shrink_under_zero_changes_the_plan_before_the_attempt(tmp_path: Path) -
     config.write_text(json.dumps(TINY_LLAMA))
     gpu = _gpu_memory_for_the_demo(config)
     dssup = ["--global-batch-size", "32", "--micro-batch-size", "8", "--zero-stage", "1",
-             "--model", str(config), "--gpu-memory", str(gpu), "--seq-len", "64"]  # fmt: skip
+             "--model", str(config), "--gpu-memory", f"{gpu}B", "--seq-len", "64"]  # fmt: skip
     job = ["--dim", "256", "--steps", "6", "--memory-cap-mib", "101", "--step-delay", "1"]
     port = _port()
     t0 = time.monotonic()

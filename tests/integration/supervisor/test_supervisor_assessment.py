@@ -18,7 +18,7 @@ import pytest
 from sup_helpers import WORKERS
 
 from dssup.supervisor.adapters import AppliedPlan, RemedyStep
-from dssup.supervisor.command import TorchrunCommand, parse_command
+from dssup.supervisor.command import LaunchCommand, parse_command
 from dssup.supervisor.config import SupervisorConfig
 from dssup.supervisor.deepspeed.assess import attempt_losses
 from dssup.supervisor.deepspeed.continuity import check_continuity
@@ -37,7 +37,7 @@ class LossCheck:
     name = "loss-check"
     capabilities: frozenset[str] = frozenset()
 
-    def initial_plan(self, command: TorchrunCommand, plan: TrainingPlan) -> TrainingPlan:
+    def initial_plan(self, command: LaunchCommand, plan: TrainingPlan) -> TrainingPlan:
         return plan
 
     def remedy_steps(self) -> list[RemedyStep]:
@@ -46,13 +46,13 @@ class LossCheck:
     def apply(
         self,
         plan: TrainingPlan,
-        command: TorchrunCommand,
+        command: LaunchCommand,
         script_args: list[str],
         attempt_dir: Path,
     ) -> AppliedPlan:
         return AppliedPlan()
 
-    def checkpoint_dirs(self, command: TorchrunCommand) -> list[Path]:
+    def checkpoint_dirs(self, command: LaunchCommand) -> list[Path]:
         return []
 
     def assess(self, attempt_dir: Path) -> dict[str, Any] | None:

@@ -69,3 +69,47 @@ def test_abort_drops_pending_bytes() -> None:
         peer.close()
 
     uvloop.run(main())
+
+
+def test_uvicorn_internals_that_corked_relies_on_are_as_tested():
+    """corked.py subclasses uvicorn's private HttpToolsProtocol. pyproject.toml pins uvicorn to
+    the minor version tested here; this fails when a uvicorn inside or outside that range
+    changes what the subclass uses (the attributes, callbacks and their call order below)."""
+    import inspect
+    import re
+    import tomllib
+    from pathlib import Path
+
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("uvicorn"))
+    low, high = re.search(r">=([\d.]+),<([\d.]+)", pin).groups()
+    version = tuple(int(x) for x in uvicorn.__version__.split(".")[:2])
+    assert tuple(map(int, low.split("."))) <= version < tuple(map(int, high.split("."))), pin
+    for name in (
+        "connection_made",
+        "connection_lost",
+        "data_received",
+        "on_message_begin",
+        "on_url",
+        "on_header",
+        "on_headers_complete",
+        "on_body",
+        "on_message_complete",
+        "shutdown",
+        "timeout_keep_alive_handler",
+    ):
+        assert callable(getattr(HttpToolsProtocol, name)), name
+    source = inspect.getsource(HttpToolsProtocol)
+    for needle in (
+        "self.transport = transport",  # connection_made keeps the transport it is given
+        "self.timeout_keep_alive_task",  # the idle timer dssup also arms at connection_made
+        "self._unset_keepalive_if_required()",  # data_received cancels it
+        "self.cycle.response_complete",  # what shutdown reads to tell idle from busy
+        "self.cycle.keep_alive = False",
+        "def on_header(self, name: bytes, value: bytes)",
+    ):
+        assert needle in source, needle
+    assert "self.parser.feed_data(data)" in inspect.getsource(HttpToolsProtocol.data_received)

@@ -15,7 +15,7 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
-from admission_helpers import SAN, job_files, load, review
+from admission_helpers import CORPUS, SAN, job_files, load, review
 
 from dssup.admission.asgi import ROUTES
 from dssup.admission.server import ServeOptions
@@ -54,7 +54,10 @@ def _one(docs, kind, name=None):
 
 
 BUILTIN = [p for p in sorted(BASE.glob("*.yaml")) if p.name != "kustomization.yaml"] + sorted(
-    (ROOT / "examples" / "k8s").glob("namespace.yaml")
+    [
+        *(ROOT / "examples" / "k8s").glob("namespace.yaml"),
+        *(ROOT / "examples" / "k8s").glob("dssup-configmap-reader.yaml"),
+    ]
 )
 
 
@@ -208,7 +211,44 @@ def test_rbac_is_list_and_watch_only():
     for rule in role["rules"]:
         assert set(rule["verbs"]) == {"list", "watch"}
         resources |= set(rule["resources"])
-    assert resources == {"nodes", "configmaps", "clustertrainingruntimes", "trainingruntimes"}
+    # No ConfigMaps cluster-wide: a namespaced Role per opted-in namespace grants them.
+    assert resources == {"nodes", "clustertrainingruntimes", "trainingruntimes"}
+    example = _docs(ROOT / "examples" / "k8s" / "dssup-configmap-reader.yaml")
+    reader, binding = _one(example, "Role"), _one(example, "RoleBinding")
+    assert reader["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}
+    ]
+    sa = _one(_overlay(), "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "dssup-system"}
+    ]
+    args = _one(_overlay(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    watched = next(a.split("=", 1)[1] for a in args if a.startswith("--configmap-namespaces="))
+    assert reader["metadata"]["namespace"] in watched.split(",")
+
+
+def _arg(args, flag):
+    return next(a.split("=", 1)[1] for a in args if a.startswith(flag + "="))
+
+
+def test_network_policy_priority_and_grace_period():
+    docs = _overlay()
+    deploy = _one(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    policy = _one(docs, "NetworkPolicy")
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    ingress_ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ingress_ports == {int(_arg(args, "--port")), int(_arg(args, "--health-port"))}
+    egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress_ports == {53, 443, 6443}  # DNS and the API server only
+    prio = _one(docs, "PriorityClass")
+    assert pod["priorityClassName"] == prio["metadata"]["name"] and prio["value"] >= 1_000_000
+    drain = float(_arg(args, "--drain"))
+    # exit within drain + 1 s (tests/integration/admission/test_admission_server_limits.py)
+    assert drain + 1 < pod["terminationGracePeriodSeconds"] <= drain + 10
 
 
 # -- matchConditions ------------------------------------------------------------------------------
@@ -217,22 +257,27 @@ ENV = celpy.Environment()
 
 
 @functools.cache
-def _conditions(path: str, resource: str):
+def _conditions(path: str, group: str, resource: str):
     for _, h in _hooks(_overlay()):
-        if h["clientConfig"]["service"]["path"] == path and resource in h["rules"][0]["resources"]:
+        rule = h["rules"][0]
+        if (
+            h["clientConfig"]["service"]["path"] == path
+            and resource in rule["resources"]
+            and group in rule["apiGroups"]
+        ):
             return [ENV.program(ENV.compile(c["expression"])) for c in h["matchConditions"]]
-    raise AssertionError(resource)
+    raise AssertionError((group, resource))
 
 
 def _selected(path: str, obj: dict) -> bool:
     rev = review(obj)
-    resource = rev["request"]["resource"]["resource"]
+    group, resource = rev["request"]["resource"]["group"], rev["request"]["resource"]["resource"]
     act = {
         "object": celpy.json_to_cel(obj),
         "oldObject": celpy.json_to_cel(None),
         "request": celpy.json_to_cel(rev["request"]),
     }
-    return all(bool(p.evaluate(act)) for p in _conditions(path, resource))
+    return all(bool(p.evaluate(act)) for p in _conditions(path, group, resource))
 
 
 def test_every_match_condition_compiles():
@@ -245,6 +290,30 @@ def test_every_match_condition_compiles():
 @pytest.mark.parametrize("path", ["/mutate", "/validate", "/warn"])
 def test_match_conditions_select_gpu_jobs_only(name, path):
     assert _selected(path, load(name)) == (name != "job-cpu.yaml")
+
+
+def _corpus_gpu_jobs():
+    out = []
+    for f in sorted((CORPUS / "jobs").glob("*.yaml")):
+        for d in yaml.safe_load_all(f.read_text()):
+            text = yaml.safe_dump(d)
+            if (
+                d
+                and "limits:" in text
+                and any(r in text for r in ("nvidia.com/gpu: ", "amd.com/gpu", "nvidia.com/mig-"))
+            ):
+                out.append(pytest.param(d, id=f.name))
+    return out
+
+
+@pytest.mark.parametrize("doc", _corpus_gpu_jobs())
+def test_match_conditions_select_the_real_gpu_jobs(doc):
+    """Every kind's filter lets the corpus's GPU jobs through (Volcano, MPIJob, MIG, AMD)."""
+    owned = any(r.get("controller") for r in doc.get("metadata", {}).get("ownerReferences", []))
+    if doc["kind"] == "TrainJob" or owned:
+        return
+    for path in ("/mutate", "/validate", "/warn"):
+        assert _selected(path, doc), path
 
 
 def test_match_conditions_skip_controlled_pods_and_containers_without_resources():

@@ -20,7 +20,7 @@ EXPECTED = {  # fixture -> (validate code, mutate code, world size)
     "pytorchjob-dsv3-resize.yaml": ("predicted-oom", "resized", 2048),
     "trainjob-qwen2-hf.yaml": ("predicted-oom", "resized", 16),
     "jobset-llama70b.yaml": ("fits", "fits", 64),
-    "job-annotations.yaml": ("predicted-oom", "resized", 16),
+    "job-annotations.yaml": ("predicted-oom", "predicted-oom", 16),
     "pod-shell.yaml": ("predicted-oom", "resized", 8),
     "job-deepspeed.yaml": ("no-feasible-plan", "no-feasible-plan", 4),
     "job-cpu.yaml": ("not-applicable", "not-applicable", 0),
@@ -389,3 +389,76 @@ def test_cache_replace_all_and_delete():
     assert cache.config_map("team-a", "ds-config") is not None
     cache.delete("ConfigMap", "team-a", "ds-config")
     assert cache.config_map("team-a", "ds-config") is None
+
+
+def test_missing_deepspeed_configmap_answers_cache_miss_through_the_webhook():
+    """The server's path (AdmissionReview bytes in and out): a ZeRO job whose DeepSpeed
+    ConfigMap is not in the watch cache is allowed with cache-miss on every webhook path."""
+    from dssup.admission import Adapter
+
+    cache = cluster_cache()
+    cache.delete("ConfigMap", "team-a", "ds-config")
+    adapter = Adapter(Policy(cache))
+    for path in ("mutate", "validate", "warn"):
+        status, body = adapter.handle(path, json.dumps(review(load("job-deepspeed.yaml"))).encode())
+        resp = json.loads(body)["response"]
+        assert status == 200 and resp["allowed"] is True and "patch" not in resp
+        assert resp["warnings"][0].startswith("dssup: not judged: cache miss: ConfigMap ds-config")
+    cache.upsert(
+        next(d for d in cluster_docs_of("ConfigMap") if d["metadata"]["name"] == "ds-config")
+    )
+    status, body = adapter.handle(
+        "validate", json.dumps(review(load("job-deepspeed.yaml"))).encode()
+    )
+    assert json.loads(body)["response"]["allowed"] is False  # judged once the ConfigMap arrives
+
+
+def cluster_docs_of(kind):
+    from admission_helpers import cluster_docs
+
+    return [d for d in cluster_docs() if d["kind"] == kind]
+
+
+def test_kueue_create_suspended_then_unsuspend_with_the_flavor_warns():
+    """Kueue creates the job suspended without a GPU selector (judged: unknown GPU, allowed),
+    then injects the ResourceFlavor's node selector and unsuspends it with an UPDATE: the job
+    that does not fit gets a warning, never a late denial on Kueue's controller."""
+    from dssup.admission import Adapter
+
+    created = load("pytorchjob-dsv3-resize.yaml")
+    created["spec"]["runPolicy"] = {"suspend": True}
+    for r in created["spec"]["pytorchReplicaSpecs"].values():
+        del r["template"]["spec"]["nodeSelector"]
+    adapter = Adapter(Policy(cluster_cache()))
+
+    def answer(path, obj, op="CREATE", old=None):
+        body = json.dumps(review(obj, op, old=old)).encode()
+        return json.loads(adapter.handle(path, body)[1])["response"]
+
+    assert answer("validate", created)["allowed"] is True  # unknown GPU at CREATE
+    admitted = copy.deepcopy(created)
+    admitted["spec"]["runPolicy"]["suspend"] = False
+    for r in admitted["spec"]["pytorchReplicaSpecs"].values():
+        r["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    resp = answer("validate", admitted, "UPDATE", created)
+    assert resp["allowed"] is True
+    assert "predicted" in resp["warnings"][0] and "unsuspended (Kueue)" in resp["warnings"][1]
+    assert answer("validate", admitted, "CREATE")["allowed"] is False  # a plain CREATE is denied
+
+
+def test_unknown_model_type_in_a_configmap_is_incomplete_not_denied():
+    """A real config dssup cannot read exactly (Kimi-K2, model_type kimi_k2; source in
+    tests/fixtures/models/README.md) is missing information: allowed with a warning."""
+    from pathlib import Path
+
+    text = (
+        Path(__file__).parents[2] / "fixtures/models/moonshotai--Kimi-K2-Instruct.json"
+    ).read_text()
+    cache = cluster_cache()
+    cache.upsert({"kind": "ConfigMap", "metadata": {"name": "kimi", "namespace": "team-a"},
+                  "data": {"config.json": text}})  # fmt: skip
+    obj = load("jobset-llama70b.yaml")
+    obj["metadata"].setdefault("annotations", {})["dssup.io/model"] = "configmap:kimi/config.json"
+    d = Policy(cache).judge(obj, "team-a", "validate")
+    assert d.allowed and d.code == "config-incomplete", (d.code, d.message)
+    assert "kimi_k2" in " ".join(d.warnings) + d.message

@@ -13,7 +13,7 @@ import json
 import random
 
 import jsonpatch
-from admission_helpers import cluster_cache, job_files, load, review
+from admission_helpers import GROUPS, cluster_cache, job_files, load, review, schema_errors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -75,7 +75,8 @@ def jobs(draw):
         ann["dssup.io/layout"] = f"tp={tp}"
         command = ["torchrun"]
     else:
-        args, command = ["train.py"], ["python"]
+        # annotation-configured jobs run under ``dssup run``: they read the DSSUP_* contract env
+        args, command = ["--", "python", "train.py"], ["dssup", "run"]
         ann.update(
             {
                 "dssup.io/layout": f"tp={tp}",
@@ -127,7 +128,9 @@ def jobs(draw):
         }
     else:
         spec = pod
-    return {"apiVersion": "v1", "kind": kind, "metadata": meta, "spec": spec}
+    group, version, _ = GROUPS[kind]
+    api = f"{group}/{version}" if group else version
+    return {"apiVersion": api, "kind": kind, "metadata": meta, "spec": spec}
 
 
 def _global_batch(obj):
@@ -144,6 +147,7 @@ def test_mutation_invariants(obj):
     assert m.allowed
     patched = jsonpatch.apply_patch(obj, list(m.patch))
     assert apply_ops(copy.deepcopy(obj), list(m.patch)) == patched  # our verifier agrees
+    assert schema_errors(patched) <= schema_errors(obj)  # the kind's real schema
     again = POLICY.judge(patched, "team-a", "mutate")
     assert again.patch == ()
     v = POLICY.judge(patched, "team-a", "validate")

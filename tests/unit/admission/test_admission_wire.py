@@ -6,6 +6,7 @@ import json
 import pytest
 from admission_helpers import load, review
 
+from dssup.admission import Adapter, InMemoryCache, Policy
 from dssup.admission.wire import encode_patch, parse_review, response_document
 from dssup.errors import MalformedReview
 
@@ -108,3 +109,26 @@ def test_json_helpers_fall_back_for_what_orjson_refuses():
     assert loads(b'{"x": NaN}')["x"] != 0  # the standard library accepts what orjson rejects
     with pytest.raises(ValueError):
         loads(b"{oops")
+
+
+def test_control_characters_are_stripped_from_echoed_text():
+    doc = response_document(
+        "u",
+        False,
+        warnings=["dssup: model 'x\x1b[31m\r\nSet-Cookie: y'\x00\x85"],
+        message="a\nb\x07",
+    )
+    resp = doc["response"]
+    assert resp["warnings"] == ["dssup: model 'x[31mSet-Cookie: y'"]
+    assert resp["status"]["message"] == "ab"
+
+
+def test_deeply_nested_json_is_a_malformed_review_not_a_recursion_error():
+    deep = (
+        b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u",'
+        b'"object":' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    )
+    with pytest.raises(MalformedReview, match="nested"):
+        parse_review(deep)
+    status, body = Adapter(Policy(InMemoryCache())).handle("validate", deep)
+    assert status == 400 and b"nested" in body

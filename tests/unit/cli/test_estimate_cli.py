@@ -67,7 +67,7 @@ def test_table_and_exit_status_for_fit() -> None:
 
 def test_plot_writes_png(tmp_path: Path) -> None:
     png = tmp_path / "chart.png"
-    out = run("estimate", *V3, "--gpu-memory", "H100", "--plot", str(png))
+    out = run("estimate", *V3, "--gpu-memory", "H100", "--grad-accum", "16", "--plot", str(png))
     assert out.returncode in (0, 1), out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
@@ -127,7 +127,7 @@ def test_hf_config_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--model", "nope"], "--model: unknown preset 'nope'; use one of"),
+        (["--model", "nope"], "--model: 'nope' is neither a file nor a model dssup knows"),
         (
             ["--model", "deepseek-v3", "--tp", "3"],
             "--tp: 3 does not divide num_attention_heads=128",
@@ -136,7 +136,10 @@ def test_hf_config_file(tmp_path: Path) -> None:
             ["--model", "deepseek-v3", "--ep", "7", "--dp", "7"],
             "--ep: 7 does not divide n_routed_experts=256",
         ),
-        (["--model", "deepseek-v3", "--pp", "99"], "--pp: 99 stages for 61 layers; use at most 61"),
+        (
+            ["--model", "deepseek-v3", "--pp", "99", "--grad-accum", "4"],
+            "--pp: 99 stages for 61 layers; use at most 61",
+        ),
         (["--model", "deepseek-v3", "--micro-batch", "-1"], "--micro-batch: "),
         (["--model", "deepseek-v3", "--seq-len", "-5"], "--seq-len: "),
         (
@@ -145,7 +148,16 @@ def test_hf_config_file(tmp_path: Path) -> None:
         ),
         (["--model", "deepseek-v3", "--gpu-memory", "lots"], "--gpu-memory: cannot read 'lots'"),
         (
-            ["--model", "deepseek-v3", "--pp", "2", "--layers-per-stage", "1,2"],
+            [
+                "--model",
+                "deepseek-v3",
+                "--pp",
+                "2",
+                "--layers-per-stage",
+                "1,2",
+                "--grad-accum",
+                "4",
+            ],
             "--layers-per-stage: sums to 3",
         ),
         (["--model", "/nonexistent/config.json"], "does not exist"),
@@ -169,6 +181,7 @@ def test_config_json_missing_field(tmp_path: Path) -> None:
     cfg.write_text(
         json.dumps(
             {
+                "model_type": "llama",
                 "hidden_size": 1024,
                 "intermediate_size": 4096,
                 "num_hidden_layers": 4,
@@ -179,8 +192,8 @@ def test_config_json_missing_field(tmp_path: Path) -> None:
     out = run("estimate", "--model", str(cfg))
     assert out.returncode == 2
     assert out.stderr.strip() == (
-        "dssup: error: config.json:num_attention_heads: missing; add "
-        "'num_attention_heads' to the config.json"
+        f"dssup: error: --model: {cfg}: config.json:num_attention_heads: missing; add "
+        "'num_attention_heads' to the config"
     )
 
 

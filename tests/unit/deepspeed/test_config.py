@@ -134,3 +134,67 @@ def test_adapter_stays_out_of_jobs_without_a_deepspeed_json(tmp_path: Path) -> N
     applied = ad.apply(plan, cmd, list(cmd.script_args), tmp_path / "attempt-001")
     assert (applied.script_args, applied.env, applied.notes) == (None, {}, [])
     assert not (tmp_path / "attempt-001").exists()
+
+
+HF_AUTO = Path(__file__).parents[2] / "fixtures" / "deepspeed" / "hf" / "ds_config_zero2.json"
+
+
+def test_hf_auto_batch_values_are_filled_as_hf_does(tmp_path: Path) -> None:
+    """train_micro_batch_size_per_gpu = per-device batch, gradient_accumulation_steps = the
+    accumulation, train_batch_size = world x both (HF's trainer_config_process)."""
+    import json
+
+    from dssup.supervisor.command import parse_command
+    from dssup.supervisor.deepspeed import DeepSpeedAdapter
+    from dssup.supervisor.deepspeed.config import fill_auto
+    from dssup.supervisor.models import TrainingPlan
+
+    raw = json.loads(HF_AUTO.read_text())
+    filled = fill_auto(raw, dp=2, auto={"micro_batch": 16, "grad_accum": 2})
+    keys = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+    assert [filled[k] for k in keys] == [16, 2, 64]
+    assert filled["optimizer"] == raw["optimizer"]  # the rest is HF's to fill, left alone
+    with pytest.raises(ConfigError, match="HF Trainer") as err:
+        fill_auto(raw, dp=2, auto={"micro_batch": None, "grad_accum": None})
+    assert "--per_device_train_batch_size" in str(err.value)
+    cmd = parse_command(["torchrun", "--nproc-per-node", "2", "run_clm.py", "--deepspeed",
+                         str(HF_AUTO), "--per_device_train_batch_size", "16"], env={})  # fmt: skip
+    ad = DeepSpeedAdapter()
+    plan = ad.initial_plan(cmd, TrainingPlan(micro_batch=16, grad_accum=1, dp=2, world_size=2))
+    assert (plan.micro_batch, plan.grad_accum, plan.global_batch, plan.zero_stage) == (16, 1, 32, 2)
+    assert plan.offload == "optimizer"
+    applied = ad.apply(plan.model_copy(update={"micro_batch": 8, "grad_accum": 2}), cmd,
+                       list(cmd.script_args), tmp_path / "attempt-002")  # fmt: skip
+    written = json.loads((tmp_path / "attempt-002" / "ds_config.json").read_text())
+    assert [written[k] for k in keys] == [8, 2, 32]
+    assert applied.script_args is not None and str(tmp_path) in applied.script_args[1]
+
+
+@pytest.mark.deepspeed
+def test_the_engines_own_configuration_dump_is_read_back(monkeypatch) -> None:
+    """DeepSpeedConfig.print itself (at INFO), parsed into the job-side report's record."""
+    import io
+    import logging
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    config_mod = pytest.importorskip("deepspeed.runtime.config")
+    from deepspeed.utils import logger
+
+    from dssup.supervisor.deepspeed import DeepSpeedAdapter
+
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        cfg = config_mod.DeepSpeedConfig({"train_batch_size": 8,
+                                          "train_micro_batch_size_per_gpu": 2,
+                                          "gradient_accumulation_steps": 4})  # fmt: skip
+        cfg.print("DeepSpeedEngine configuration")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    (rec,) = DeepSpeedAdapter().reported(buf.getvalue())
+    assert (rec.micro_batch, rec.grad_accum, rec.dp, rec.global_batch) == (2, 4, 1, 8)
+    assert rec.source == "deepspeed-engine-log"

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from dssup.errors import ConfigError
 from dssup.memory import GiB, Layout, PlanRequest, Training, estimate, plan, preset
 from dssup.memory.validate import divisors
 
@@ -36,7 +37,10 @@ def brute_force(req: PlanRequest) -> tuple[int, int, int | None]:
                 "offload_params": op,
             }
         )
-        peak = estimate(req.model, layout, t, convention=req.convention).peak_bytes
+        try:
+            peak = estimate(req.model, layout, t, convention=req.convention).peak_bytes
+        except ConfigError:  # an accumulation the schedule refuses (DualPipe, interleaved)
+            continue
         evaluated += 1
         if peak <= budget:
             fitting += 1
@@ -52,6 +56,8 @@ def brute_force(req: PlanRequest) -> tuple[int, int, int | None]:
         ("deepseek-v2-lite", Layout(tp=1, pp=1, ep=8, dp=8), 40, 32),
         ("llama-3-8b", Layout(tp=2, pp=4, dp=2, schedule="interleaved", vpp=2), 16, 48),
         ("mixtral-8x7b", Layout(tp=2, pp=4, ep=4, dp=4, schedule="dualpipe"), 80, 128),
+        ("deepseek-v2-lite", Layout(pp=3, vpp=3, ep=4, dp=4, schedule="interleaved"), 24, 96),
+        ("deepseek-v2-lite", Layout(pp=4, ep=8, dp=8, schedule="dualpipe"), 16, 512),
         ("deepseek-v3", Layout(tp=2, pp=16, ep=8, dp=32), 80, 1024),
         ("deepseek-v3", Layout(tp=2, pp=16, ep=8, dp=32), 8, 1024),  # nothing fits
     ],

@@ -28,16 +28,33 @@ LAYOUTS = {
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def _schedule(draw: st.DrawFn, name: str, layout: Layout) -> tuple[Layout, int]:
+    """A schedule the model and layout allow, and an accumulation count it accepts."""
+    pp, layers = layout.pp, MODELS[name].layers
+    choices = ["1f1b"]
+    if pp > 1 and pp % 2 == 0 and MODELS[name].moe is not None:
+        choices.append("dualpipe")
+    vpps = [v for v in (2, 3, 4) if pp > 1 and layers % (pp * v) == 0]
+    if vpps:
+        choices.append("interleaved")
+    sched = draw(st.sampled_from(choices))
+    if sched == "dualpipe":
+        return layout.model_copy(update={"schedule": sched}), 2 * draw(st.integers(pp, 2 * pp))
+    if sched == "interleaved":
+        vpp = draw(st.sampled_from(vpps))
+        m = pp * draw(st.integers(1, 4))
+        return layout.model_copy(update={"schedule": sched, "vpp": vpp}), m
+    return layout, draw(st.integers(1, 32))
+
+
 @st.composite
 def configs(draw: st.DrawFn) -> tuple[str, Layout, Training, str]:
     name = draw(st.sampled_from(sorted(MODELS)))
-    layout = draw(st.sampled_from(LAYOUTS[name]))
-    if draw(st.booleans()) and layout.pp > 1:
-        layout = layout.model_copy(update={"schedule": "dualpipe"})
+    layout, m = _schedule(draw, name, draw(st.sampled_from(LAYOUTS[name])))
     training = Training(
         micro_batch=draw(st.integers(1, 8)),
         seq_len=draw(st.sampled_from([1024, 2048, 4096])),
-        grad_accum=draw(st.integers(1, 32)),
+        grad_accum=m,
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
         flash_attention=draw(st.sampled_from([None, True, False])),
         zero_stage=draw(st.integers(0, 3)),
@@ -127,16 +144,27 @@ def test_pipeline_stages_partition_all_parameters() -> None:
     assert per_gpu == model_total(m, "paper") - experts + experts // 8
 
 
+SCHEDULED = {
+    "deepseek-v3": [Layout(tp=2, pp=16, ep=8, dp=32, schedule="dualpipe")],
+    "deepseek-v2-lite": [Layout(pp=3, vpp=3, ep=4, dp=4, schedule="interleaved")],
+    "llama-3-8b": [Layout(tp=2, pp=4, vpp=2, dp=8, schedule="interleaved")],
+    "mixtral-8x7b": [Layout(tp=2, pp=2, ep=4, dp=8, schedule="dualpipe")],
+}
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(sorted(MODELS)),
     st.sampled_from([64, 128, 256, 512]),
     st.sampled_from([40, 80, 141]),
     st.booleans(),
+    st.booleans(),
 )
-def test_planner_batch_identity_and_agreement(name: str, gbs: int, gib: int, search: bool) -> None:
+def test_planner_batch_identity_and_agreement(
+    name: str, gbs: int, gib: int, search: bool, scheduled: bool
+) -> None:
     m = MODELS[name]
-    layout = LAYOUTS[name][0]
+    layout = (SCHEDULED if scheduled else LAYOUTS)[name][0]
     req = PlanRequest(
         model=m,
         gpu_memory_bytes=gib * GiB,
@@ -158,3 +186,73 @@ def test_planner_batch_identity_and_agreement(name: str, gbs: int, gib: int, sea
         assert c.peak_bytes <= gib * GiB * (1 - req.margin)
     if not res.candidates and res.closest is not None:
         assert res.closest.peak_bytes > gib * GiB * (1 - req.margin)
+
+
+# --- per-device pipeline schedules -------------------------------------------------------
+
+
+@FAST
+@given(configs())
+def test_worst_device_is_the_peak(cfg: tuple[str, Layout, Training, str]) -> None:
+    name, layout, t, conv = cfg
+    e = estimate(MODELS[name], layout, t, convention=conv)  # type: ignore[arg-type]
+    assert len(e.stages) == layout.pp
+    assert e.peak_bytes == max(s.bytes.total for s in e.stages)
+    assert e.stages[e.peak_stage].bytes.total == e.peak_bytes
+    assert [s.stage for s in e.stages] == list(range(layout.pp))
+
+
+@FAST
+@given(configs())
+def test_devices_hold_the_schedules_stages(cfg: tuple[str, Layout, Training, str]) -> None:
+    """1F1B: rank i holds stage i; DualPipe: stages i and PP-1-i; interleaved: i, i+PP, ...;
+    every layer is held exactly once per pipeline (twice with DualPipe); counts follow the
+    schedule's own code."""
+    name, layout, t, conv = cfg
+    e = estimate(MODELS[name], layout, t, convention=conv)  # type: ignore[arg-type]
+    pp, m = layout.pp, t.grad_accum
+    held = [[h.stage for h in s.held] for s in e.stages]
+    counts = [[h.in_flight_micro_batches for h in s.held] for s in e.stages]
+    if layout.schedule == "dualpipe":
+        assert held == [[i, pp - 1 - i] for i in range(pp)]
+        assert counts == [[pp - i, i + 1] for i in range(pp)]  # stage j keeps PP - j
+        assert all(s.bytes.in_flight_micro_batches == pp + 1 for s in e.stages)
+        loss = [h for s in e.stages for h in s.held if h.head]
+        assert loss and all(h.in_flight_micro_batches == 1 for h in loss)
+    elif layout.schedule == "interleaved":
+        v = layout.vpp
+        assert held == [[c * pp + i for c in range(v)] for i in range(pp)]
+        for i, c in enumerate(counts):
+            warmup = 2 * (pp - i - 1) + (v - 1) * pp
+            assert sum(c) <= min(warmup + 1, m * v)
+            assert all(0 <= n <= m for n in c)
+    else:
+        assert held == [[i] for i in range(pp)]
+        assert counts == [[min(pp - i, m) if pp > 1 else 1] for i in range(pp)]
+    layers = sorted(i for s in e.stages for h in s.held for i in h.layers)
+    copies = 2 if layout.schedule == "dualpipe" else 1
+    assert layers == sorted(list(range(MODELS[name].layers)) * copies)
+    for s in e.stages:
+        assert s.bytes.activations == sum(
+            h.in_flight_micro_batches * h.activations_per_micro_batch for h in s.held
+        )
+        if layout.schedule == "dualpipe":  # both stages' parameters on the device
+            assert s.params.total == sum(h.params.total for h in s.held)
+
+
+@FAST
+@given(configs(), st.integers(2, 4))
+def test_more_accumulation_never_lowers_peak(
+    cfg: tuple[str, Layout, Training, str], factor: int
+) -> None:
+    """More micro-batches per step never hold fewer in flight (the schedules only saturate)."""
+    name, layout, t, conv = cfg
+    small = estimate(MODELS[name], layout, t, convention=conv)  # type: ignore[arg-type]
+    big = estimate(
+        MODELS[name],
+        layout,
+        t.model_copy(update={"grad_accum": t.grad_accum * factor}),
+        convention=conv,  # type: ignore[arg-type]
+    )
+    for a, b in zip(small.stages, big.stages, strict=True):
+        assert b.bytes.activations >= a.bytes.activations

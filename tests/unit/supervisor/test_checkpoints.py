@@ -1,5 +1,7 @@
 """Latest complete checkpoint per format; partial ones are never chosen."""
 
+import pytest
+
 from dssup.supervisor.checkpoints import find_latest
 
 
@@ -61,3 +63,60 @@ def test_user_pattern_and_empty(tmp_path):
     assert find_latest(tmp_path, pattern="ckpt_*.pt").step == 5
     assert find_latest(tmp_path / "nope") is None
     assert find_latest(None) is None
+
+
+def _zip(path, complete=True):
+    """What torch.save writes by default: a zip archive; a cut-short one lacks its directory."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("archive/data.pkl", b"x" * 1000)
+    if not complete:
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) - 40])
+
+
+def test_torch_save_files_latest_links_and_cut_short_files(tmp_path):
+    _zip(tmp_path / "step-2.pt")
+    _zip(tmp_path / "model_4.pt")
+    _zip(tmp_path / "step_6.pt", complete=False)  # killed mid-save
+    ref = find_latest(tmp_path)
+    assert (ref.path.name, ref.step, ref.format) == ("model_4.pt", 4, "torch-save")
+    (tmp_path / "latest.pt").symlink_to(tmp_path / "step-2.pt")
+    assert find_latest(tmp_path).step == 4
+
+
+def test_megatron_tracker_and_lightning_checkpoints(tmp_path):
+    meg = tmp_path / "meg"
+    (meg / "iter_0000100").mkdir(parents=True)
+    (meg / "iter_0000200").mkdir()  # being written: the tracker still names 100
+    (meg / "latest_checkpointed_iteration.txt").write_text("100")
+    ref = find_latest(meg)
+    assert (ref.path.name, ref.step, ref.format) == ("iter_0000100", 100, "megatron")
+    pl = tmp_path / "pl" / "lightning_logs" / "version_0" / "checkpoints"
+    pl.mkdir(parents=True)
+    _zip(pl / "epoch=0-step=40.ckpt")
+    assert find_latest(tmp_path / "pl").step == 40
+
+
+def test_an_unrecognised_directory_is_explained_with_the_fix(tmp_path):
+    from dssup.supervisor.checkpoints import unrecognised
+
+    (tmp_path / "weights.safetensors").write_bytes(b"x")
+    (tmp_path / "optimizer_state").mkdir()
+    hint = unrecognised(tmp_path)
+    assert hint is not None and "weights.safetensors" in hint
+    assert "--checkpoint-pattern" in hint and "step-N.pt" in hint
+    assert unrecognised(tmp_path / "missing") is None
+    _zip(tmp_path / "step-3.pt")
+    assert unrecognised(tmp_path) is None
+
+
+@pytest.mark.torch
+def test_a_real_torch_save_file_and_a_truncated_one(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.ones(1000)}, tmp_path / "ckpt_7.pt")
+    assert find_latest(tmp_path).step == 7
+    data = (tmp_path / "ckpt_7.pt").read_bytes()
+    (tmp_path / "ckpt_9.pt").write_bytes(data[: len(data) // 2])  # the save was cut short
+    assert find_latest(tmp_path).step == 7

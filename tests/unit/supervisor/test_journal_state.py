@@ -119,12 +119,19 @@ def test_story_and_summary(tmp_path):
         final_plan=_dump(P8),
     )
     s = summarize(j)
-    assert (s.outcome, s.attempts, s.global_batch_unchanged) == ("succeeded", 2, True)
+    # dssup's own plans kept 32, but no job-report backs it: never "unchanged", "unverified"
+    assert (s.outcome, s.attempts, s.global_batch_status) == ("succeeded", 2, "unverified")
     assert s.changes == ["halve-micro-batch: micro_batch 16 -> 8, grad_accum 1 -> 2"]
     assert s.time_lost_s == pytest.approx(10.05)
     text = "\n".join(story(j))
-    assert "Attempt 2: micro-batch 8, accumulation 2, global batch 32, resuming from step 4" in text
-    assert "global batch unchanged (32)" in text
+    assert (
+        "Attempt 2: micro-batch 8, accumulation 2, global batch 32, resuming from /c/step_4 (step 4)"
+        in text
+    )
+    assert (
+        "global batch 32 planned; not reported by the job in attempt(s) [1, 2]: unverified" in text
+    )
+    assert "unchanged" not in text
 
 
 def test_a_stop_request_before_launch_launches_nothing(tmp_path):

@@ -20,6 +20,10 @@ MESSAGES = {
     "cpu-allocator": "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator:"
     " can't allocate memory: you tried to allocate 6291456 bytes. Error code 12 (Cannot allocate memory)",
     "python-memoryerror": "MemoryError",
+    "numpy-alloc": "numpy._core._exceptions._ArrayMemoryError: Unable to allocate 16.0 GiB for an "
+    "array with shape (2147483648,) and data type float64",
+    "rust-alloc": "memory allocation of 1048576 bytes failed",  # safetensors' writer, capped
+    "errno-enomem": "OSError: [Errno 12] Cannot allocate memory",
     "dataloader-killed": "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed.",
     "kernel-oom": "Memory cgroup out of memory: Killed process 1234 (python)",
     "gloo-peer-closed": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
@@ -30,6 +34,9 @@ MESSAGES = {
     " we are taking the entire process down.",
     "nccl-remote": "NCCL communicator was aborted on rank 3.",
     "store-gone": "torch.distributed.DistStoreError: Socket Timeout",
+    "missing-script": "/work/wt/sup/.venv/bin/python: can't open file '/nonexist/train.py': "
+    "[Errno 2] No such file or directory",
+    "missing-module": "/work/wt/sup/.venv/bin/python: No module named nonexist_mod_xyz",
     "syntax-error": "SyntaxError: invalid syntax",
     "import-error": "ModuleNotFoundError: No module named 'transformerz'",
     "file-not-found": "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.bin'",
@@ -38,6 +45,8 @@ MESSAGES = {
     "state-dict": "RuntimeError: Error(s) in loading state_dict for GPT:",
     "value-error": "ValueError: micro-batch 16 x accumulation 1 != 8 samples per rank",
     "argparse": "train.py: error: unrecognized arguments: --lr-warmup 3",
+    "hf-arguments": "ValueError: Some specified arguments are not used by the HfArgumentParser: "
+    "['--bogus_flag', '1']",
     "dist-backend": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970",
     "nccl-error": "RuntimeError: NCCL error: unhandled system error",
 }

@@ -1,0 +1,147 @@
+"""The supervisor's view of the job it runs: launcher, framework, hand-off, and what they say.
+
+One object answers the questions the run loop asks about *this* script: which remedies it can
+receive and whether a proposed plan is the same run as one that already failed (the
+hand-off), how to write its arguments for a plan and a checkpoint, what its framework printed
+about the batch it really used, and whether its framework says training finished. It also
+writes the sentences the console shows: the hand-off before attempt 1, and for each attempt
+the plan and where it resumes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dssup.jobreport import ReportRecord
+from dssup.supervisor.adapters import Objection
+from dssup.supervisor.checkpoints import CheckpointRef, unrecognised
+from dssup.supervisor.frameworks import Channel, Framework, Job
+from dssup.supervisor.handoff import HandOff
+from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
+
+__all__ = ["JobView"]
+
+_OUTPUT_LIMIT = 8 << 20  # bytes of rank 0's output read after an attempt
+# plan knob -> the DSSUP_* variable read_plan takes it from (dssup.runtime.plan._KNOB_VARS)
+_ENV = {
+    "micro_batch": "DSSUP_MICRO_BATCH_SIZE",
+    "grad_accum": "DSSUP_GRAD_ACCUM_STEPS",
+    "recompute": "DSSUP_RECOMPUTE",
+    "zero_stage": "DSSUP_ZERO_STAGE",
+    "offload": "DSSUP_OFFLOAD",
+    "resume": "DSSUP_RESUME_FROM",
+}
+
+
+@dataclass
+class JobView:
+    handoff: HandOff
+    job: Job
+    framework: Framework
+    adapters: Sequence[Any] = ()  # adapters with a ``reported(text)`` read their prints too
+
+    # --- choosing remedies ---------------------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What a remedy may change: knobs the script receives (adapters' channels included)."""
+        return self.handoff.capabilities
+
+    def check(
+        self, current: TrainingPlan, failed: set[str]
+    ) -> Callable[[TrainingPlan], Objection | None]:
+        """The hand-off's objection to a proposed plan, given the configs that failed."""
+        seen = {self.handoff.fingerprint(TrainingPlan.model_validate_json(k)) for k in failed}
+
+        def objection(new: TrainingPlan) -> Objection | None:
+            refused = self.handoff.refusal(current, new)
+            if refused:
+                return Objection(refused, unreachable=True)
+            if self.handoff.fingerprint(new) in seen:
+                return Objection(
+                    "the script would receive exactly what it received in a config that already "
+                    "failed (its framework cannot tell these settings apart): not relaunched"
+                )
+            return None
+
+        return objection
+
+    def learn(self, records: Sequence[dict[str, Any]]) -> list[str]:
+        """Knobs the job's own report shows it takes from the environment (``env_knobs`` of
+        its ``started`` records, written by ``read_plan``) become received by the environment:
+        evidence stronger than its source (a wrapper script, a module it loads). Returns the
+        knobs newly received."""
+        taken = {k for r in records if r.get("type") == "started" for k in r.get("env_knobs") or ()}
+        channels, learned = dict(self.handoff.channels), []
+        for knob in sorted(taken & set(_ENV)):
+            if not channels.get(knob, Channel(knob=knob, via="none")).receives:
+                channels[knob] = Channel(knob=knob, via="env", name=_ENV[knob],
+                                         evidence="the job's report says read_plan took it")  # fmt: skip
+                learned.append(knob)
+        if learned:
+            self.handoff = self.handoff.model_copy(update={"channels": channels})
+        return learned
+
+    # --- one attempt ---------------------------------------------------------------------
+    def render(
+        self, plan: TrainingPlan, args: list[str], resume: CheckpointRef | None
+    ) -> tuple[list[str], dict[str, str]]:
+        return (
+            self.framework.render(plan, self.job, args, resume),
+            self.framework.environment(plan, self.job),
+        )
+
+    def attempt_line(self, number: int, plan: TrainingPlan, resume: CheckpointRef | None) -> str:
+        head = f"attempt {number}: {plan.describe()}"
+        if resume is None:
+            return f"{head}; from scratch (no complete checkpoint yet)"
+        how = self.handoff.channels["resume"]
+        via = how.name if how.receives else f"not received ({how.evidence})"
+        return f"{head}; resuming from {resume.path} (step {resume.step}) via {via}"
+
+    def checkpoint_hint(self, root: Path | None, pattern: str | None) -> str | None:
+        return unrecognised(root, pattern)
+
+    # --- after an attempt ----------------------------------------------------------------
+    @staticmethod
+    def output(path: Path | None) -> str:
+        if path is None:
+            return ""
+        try:
+            with open(path, "rb") as fh:
+                return fh.read(_OUTPUT_LIMIT).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def reported(self, output: str) -> list[ReportRecord]:
+        """What the framework (HF Trainer's block, Megatron's arguments) and the adapters
+        (DeepSpeed's engine configuration) printed about the batch on rank 0."""
+        found = list(self.framework.reported(output))
+        for adapter in self.adapters:
+            method = getattr(adapter, "reported", None)
+            if callable(method):
+                found += method(output)
+        return found
+
+    def finished(self, failure: Failure | None, started: float, output: str) -> Failure | None:
+        """``failure`` re-read as teardown when the framework says training had finished."""
+        if failure is None or failure.kind in {
+            FailureKind.INTERRUPTED,
+            FailureKind.TEARDOWN,
+            FailureKind.BATCH_MISMATCH,
+        }:
+            return failure
+        done = self.framework.completed(self.job, started, output)
+        if done is None:
+            return failure
+        return Failure(
+            kind=FailureKind.TEARDOWN,
+            exit_code=failure.exit_code,
+            rank=failure.rank,
+            message=f"training had completed; then {failure.kind}: {failure.message}",
+            signature=failure.signature,
+            ranks=failure.ranks,
+            evidence=(*failure.evidence, f"{self.framework.name}: {done}"),
+        )

@@ -1,0 +1,137 @@
+"""Acceptance: a stock run_clm-style Hugging Face Trainer script recovers from a real OOM.
+
+``examples/hf/run_clm.py`` (``HfArgumentParser``, ``TrainingArguments``,
+``trainer.train(resume_from_checkpoint=...)``, a 2-layer GPT-2 with hidden size 32, random
+init, local synthetic data) knows nothing about dssup. Its only addition is the CPU notes'
+memory cap: from optimizer step 6 on, every rank's address space may grow by 36 MiB, which a
+per-device batch of 16 exceeds in torch's own allocator (real ``DefaultCPUAllocator``
+failures) and 8 does not. Under ``dssup run --global-batch-size 32`` with torchrun, and again
+with ``accelerate launch``, dssup must halve the per-device batch with HF's own flags, resume
+from ``checkpoint-4`` through ``--resume_from_checkpoint``, have the Trainer itself confirm
+global batch 32, and end with the weights of a run that never failed (1e-5 relative; the data
+is dropped to whole batches so every step sees the same 32 samples).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# the runs below stop their own children on a timeout (SIGTERM: dssup and torchrun stop their
+# workers); pytest-timeout must not cut in first and leave workers behind
+pytestmark = [pytest.mark.e2e, pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(ROOT / "examples" / "hf" / "run_clm.py")
+BIN = Path(sys.executable).parent
+MODEL = ("n_layer=2,n_embd=32,n_head=2,vocab_size=256,n_positions=256,resid_pdrop=0,"
+         "embd_pdrop=0,attn_pdrop=0,bos_token_id=0,eos_token_id=0")  # fmt: skip
+CAP = {"RUN_CLM_MEMORY_CAP_MIB": "36", "RUN_CLM_MEMORY_CAP_FROM_STEP": "5"}
+# glibc maps and unmaps large blocks from the start, so the address space tracks live tensors
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+ACCELERATE = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", "0"]  # fmt: skip
+
+
+def _args(out: Path) -> list[str]:
+    return [
+        SCRIPT, "--model_type", "gpt2", "--config_overrides", MODEL, "--block_size", "256",
+        "--synthetic_samples", "256", "--do_train", "--output_dir", str(out),
+        "--per_device_train_batch_size", "16", "--max_steps", "8", "--save_steps", "2",
+        "--use_cpu", "--ddp_backend", "gloo", "--report_to", "none", "--dataloader_drop_last",
+        "--logging_steps", "1", "--disable_tqdm", "true",
+    ]  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", **MALLOC, **extra}
+
+
+def _run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` that, on a timeout, lets the launcher stop its workers (SIGTERM)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kwargs)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"{cmd[0]} timed out after {timeout:.0f} s:\n{out[-2000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _relative(a: dict, b: dict) -> float:
+    num = sum(float(((a[k].double() - b[k].double()) ** 2).sum()) for k in b)
+    den = sum(float((b[k].double() ** 2).sum()) for k in b)
+    return (num / den) ** 0.5
+
+
+@pytest.fixture(scope="module")
+def never_failed(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("reference") / "out"
+    done = _run([*TORCHRUN, *_args(out)], 500, env=_env(), cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _weights(out)
+
+
+def _recover(tmp_path: Path, launcher: list[str]) -> tuple[Path, list[dict], str]:
+    out, run = tmp_path / "out", tmp_path / "run"
+    res = _run(
+        [str(BIN / "dssup"), "run", "--run-dir", str(run), "--global-batch-size", "32", "--",
+         *launcher, *_args(out)],
+        600, env=_env(**CAP), cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
+    records = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
+    return out, records, res.stdout
+
+
+def _check(out: Path, records: list[dict], stdout: str, never_failed: dict) -> None:
+    of = lambda t: [r for r in records if r["type"] == t]  # noqa: E731
+    starts, ends, reports = of("attempt-started"), of("attempt-ended"), of("job-report")
+    assert len(starts) == 2
+    oom = ends[0]["failure"]
+    assert oom["kind"] == "host-oom" and oom["signature"] == "cpu-allocator"
+    assert ends[0]["checkpoint_step"] == 4  # died in step 6: checkpoint-6 was never written
+    argv = starts[1]["argv"]
+    assert argv[argv.index("--per_device_train_batch_size") + 1] == "8"
+    assert argv[argv.index("--gradient_accumulation_steps") + 1] == "2"
+    resume = argv[argv.index("--resume_from_checkpoint") + 1]
+    assert resume == str(out.resolve() / "checkpoint-4") and starts[1]["resume_step"] == 4
+    assert [r["batch"]["status"] for r in reports] == ["verified", "verified"]
+    assert [r["batch"]["reported"] for r in reports] == [[32], [32]]
+    assert [r["first_step"] for r in reports] == [0, 4]  # the Trainer itself resumed at 4
+    assert "global batch 32 (verified by the job in every attempt)" in stdout
+    assert "via --resume_from_checkpoint" in stdout and "unchanged" not in stdout
+    handoff = of("handoff")[0]
+    assert handoff["framework"] == "hf-trainer"
+    assert _relative(_weights(out), never_failed) < 1e-5
+
+
+def test_torchrun_hf_trainer_recovers_with_its_own_flags(tmp_path, never_failed):
+    _check(*_recover(tmp_path, TORCHRUN), never_failed)
+
+
+def test_accelerate_launch_hf_trainer_recovers_with_its_own_flags(tmp_path, never_failed):
+    out, records, stdout = _recover(tmp_path, ACCELERATE)
+    assert next(r for r in records if r["type"] == "handoff")["launcher"] == "accelerate"
+    _check(out, records, stdout, never_failed)

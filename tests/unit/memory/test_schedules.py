@@ -1,0 +1,119 @@
+"""In-flight micro-batches per stage, against the schedules' own control flow.
+
+DualPipe: a step-by-step replay of ``DualPipe.step`` (deepseek-ai/DualPipe 3da1bbe, steps 1-8,
+counting each phase's forward and backward chunks; an overlapped F&B chunk runs its forward
+before its backward frees) must give PP + 1 alive chunks per rank (arXiv 2412.19437 Table 2)
+and, at that peak, PP - j micro-batches of stage j. Interleaved: Megatron-core's own example
+table, and the warm-up count of ``get_pp_rank_microbatches``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dssup.errors import ConfigError
+from dssup.memory.config import Layout
+from dssup.memory.schedule import (
+    _chunk_table,
+    check_micro_batches,
+    held_counts,
+    interleaved_states,
+)
+
+
+def _replay_dualpipe(pp: int, rank: int, chunks: int) -> tuple[int, tuple[int, int]]:
+    """Peak of alive (phase-0, phase-1) chunks on ``rank``, following ``DualPipe.step``.
+    Returns (peak total, per-module counts at the first peak) with module 0 = stage ``rank``,
+    module 1 = stage pp-1-rank (``phase ^= is_in_second_half``)."""
+    half, hr = pp // 2, min(rank, pp - 1 - rank)
+    second = rank >= pp // 2
+    alive = [0, 0]
+    best: list[object] = [-1, (0, 0)]
+
+    def f(phase: int) -> None:
+        alive[phase] += 1
+        total = sum(alive)
+        if total > best[0]:  # type: ignore[operator]
+            counts = [0, 0]  # schedule phase p runs module p ^ is_in_second_half
+            counts[0 ^ second], counts[1 ^ second] = alive[0], alive[1]
+            best[0], best[1] = total, (counts[0], counts[1])
+
+    def b(phase: int) -> None:
+        alive[phase] -= 1
+
+    for _ in range((half - hr - 1) * 2):  # step 1: nF0
+        f(0)
+    for _ in range(hr + 1):  # step 2: nF0F1
+        f(0)
+        f(1)
+    for _ in range(half - hr - 1):  # step 3: nB1W1F1
+        b(1)
+        f(1)
+    for _ in range(chunks // 2 - pp + hr + 1):  # step 4: nF0B1F1B0 (forward before backward)
+        f(0)
+        b(1)
+        f(1)
+        b(0)
+    for _ in range(half - hr - 1):  # step 5: nB1F1B0
+        b(1)
+        f(1)
+        b(0)
+    return best[0], best[1]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8, 16])
+@pytest.mark.parametrize("chunks_per_rank", [2, 3, 8])
+def test_dualpipe_counts_follow_its_step_function(pp: int, chunks_per_rank: int) -> None:
+    chunks = 2 * pp * chunks_per_rank  # even and >= 2 * pp, as step() asserts
+    layout = Layout(pp=pp, ep=1, dp=1, schedule="dualpipe")
+    for rank in range(pp):
+        total, (own, mirror) = _replay_dualpipe(pp, rank, chunks)
+        assert total == pp + 1  # arXiv 2412.19437 Table 2: activations PP + 1 per device
+        counts = held_counts(layout, rank, (rank, pp - 1 - rank), chunks)
+        assert counts == (pp - rank, rank + 1) == (own, mirror)
+
+
+def test_dualpipe_needs_an_even_accumulation_of_at_least_twice_pp() -> None:
+    layout = Layout(pp=4, dp=1, schedule="dualpipe")
+    check_micro_batches(layout, 8)
+    for m in (6, 9):
+        with pytest.raises(ConfigError, match="DualPipe needs an even number"):
+            check_micro_batches(layout, m)
+
+
+def test_megatron_schedule_table_example() -> None:
+    """megatron/core/pipeline_parallel/schedules.py: 'PP2 N3M5 with VP2' gives model chunks
+    0 0 0 1 1 1 0 0 1 1."""
+    assert _chunk_table(5, 2, 3) == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 16)])
+def test_interleaved_peak_count_is_megatrons_warmup_plus_one(pp: int, vpp: int, m: int) -> None:
+    layout = Layout(pp=pp, vpp=vpp, dp=1, schedule="interleaved")
+    for rank in range(pp):
+        warmup = 2 * (pp - rank - 1) + (vpp - 1) * pp  # get_pp_rank_microbatches
+        states = interleaved_states(layout, rank, m)
+        assert max(sum(s) for s in states) == min(warmup + 1, m * vpp)
+        assert all(0 <= n <= m for s in states for n in s)
+
+
+def test_interleaved_last_rank_holds_one_loss_chunk() -> None:
+    """The last rank's last chunk (the loss) is backwarded right after its forward."""
+    layout = Layout(pp=4, vpp=2, dp=1, schedule="interleaved")
+    assert max(s[-1] for s in interleaved_states(layout, 3, 16)) == 1
+
+
+def test_interleaved_accumulation_rules() -> None:
+    layout = Layout(pp=4, vpp=2, dp=1, schedule="interleaved")
+    check_micro_batches(layout, 4)
+    check_micro_batches(layout, 12)
+    with pytest.raises(ConfigError, match="pp=4 <= 4 <= m=2"):
+        check_micro_batches(layout, 2)
+    with pytest.raises(ConfigError, match="last group of 2"):
+        check_micro_batches(layout, 6)
+
+
+def test_one_f_one_b_counts() -> None:
+    layout = Layout(pp=4, dp=1)
+    assert [held_counts(layout, i, (i,), 8) for i in range(4)] == [(4,), (3,), (2,), (1,)]
+    assert [held_counts(layout, i, (i,), 2) for i in range(4)] == [(2,), (2,), (2,), (1,)]
