@@ -99,6 +99,11 @@ class KindTrace(BaseModel):
     forward: Window = Field(description="its forward: end = what it keeps for backward")
     backward: Window = Field(description="its backward window (recompute included)")
     parameters: int = Field(ge=0, description="parameters of one block as traced")
+    released: BatchTerm | None = Field(
+        None,
+        description="bytes of its forward's end that leaving autocast frees (its cached weight "
+        "casts when checkpointed), per block; None: nothing",
+    )
 
 
 class LevelTrace(BaseModel):
@@ -117,6 +122,9 @@ class LevelTrace(BaseModel):
         description="the first block's backward (it frees what the blocks shared: RoPE tables)"
     )
     kinds: dict[str, KindTrace] = Field(description="'dense' and/or 'moe': any later block")
+    first_released: BatchTerm | None = Field(
+        None, description="``KindTrace.released`` of the model's first block"
+    )
 
 
 class Provenance(BaseModel):
@@ -252,6 +260,24 @@ def _stored(lv: LevelTrace, st: ReplayStage) -> tuple[float, float]:
     return base, per
 
 
+def _released(lv: LevelTrace, st: ReplayStage) -> tuple[float, float]:
+    """What leaving autocast frees of the stage's blocks' forward bytes (cached weight casts)."""
+    base = per = 0.0
+    for i, (kind, count) in enumerate(st.order):
+        n, terms = count, []
+        if i == 0 and st.first and lv.first_released is not None:
+            terms.append((lv.first_released, 1))
+        if i == 0 and st.first:
+            n -= 1
+        rel = lv.kinds[kind].released
+        if rel is not None:
+            terms.append((rel, n))
+        for t, k in terms:
+            c, p = _affine(t, st)
+            base, per = base + k * c, per + k * p
+    return base, per
+
+
 def replay(p: TracedProfile, level: str, st: ReplayStage) -> list[Candidate]:
     """Every candidate peak of one stage's step, over W + O (+ G when accumulating)."""
     lv = p.levels[level]
@@ -286,6 +312,9 @@ def replay(p: TracedProfile, level: str, st: ReplayStage) -> list[Candidate]:
         pk, en = _window(lv.post, st)
         at("forward", "fwd:post", pk)
         m = add(en)
+    rel = _released(lv, st)  # leaving autocast (after the loss; a middle stage: its blocks)
+    m = (m[0] - rel[0], m[1] - rel[1])
+    if st.last:
         pk, en = _window(lv.head, st)
         at("backward", "bwd:head", pk)
         m = add(en)

@@ -200,16 +200,19 @@ class PhaseTracker(MemTracker):
 
     def _update_snap(self, u_type: Any, winfo: Any, *args: Any, **kwargs: Any) -> None:
         super()._update_snap(u_type, winfo, *args, **kwargs)
-        if not self.log_tensors or winfo.device != DEVICE:
+        if not (self.log_tensors or self.timelines is not None) or winfo.device != DEVICE:
             return
         kind = getattr(u_type, "name", str(u_type))
         if kind == "ADD":
-            where = self.module_stack[-1] if self.module_stack else "-"
-            ref = str(getattr(winfo.reftype, "value", winfo.reftype))
-            label = (
-                f"{self._op} @ {where} ({self.phase})" if self._op else f"{ref} (before the step)"
-            )
-            self.labels.setdefault(id(winfo), label)
+            if self.log_tensors:
+                where = self.module_stack[-1] if self.module_stack else "-"
+                ref = str(getattr(winfo.reftype, "value", winfo.reftype))
+                label = (
+                    f"{self._op} @ {where} ({self.phase})"
+                    if self._op
+                    else f"{ref} (before the step)"
+                )
+                self.labels.setdefault(id(winfo), label)
             self.events.append((1, winfo.mem_consumed, winfo))
         elif kind == "DEL":
             self.events.append((-1, winfo.mem_consumed, winfo))
@@ -260,6 +263,22 @@ class PhaseTracker(MemTracker):
             tail = self.tail_peaks.get(str(self.step))
             if self.in_tail and (tail is None or snap["Total"] > tail["Total"]):
                 self.tail_peaks[str(self.step)] = plain(snap)
+
+    def freed_in(self, label: str) -> dict[str, int]:
+        """Bytes freed during window ``label`` by the earlier window of the same step that
+        created them (events are kept with ``log_tensors`` or ``timelines``)."""
+        first, last = self.window_events.get(label, [0, 0])
+        made: dict[int, str] = {}
+        for lb, (a, b) in self.window_events.items():
+            if b <= first:
+                for sign, _size, winfo in self.events[a:b]:
+                    if sign > 0:
+                        made[id(winfo)] = lb
+        out: dict[str, int] = {}
+        for sign, size, winfo in self.events[first:last]:
+            if sign < 0 and id(winfo) in made:
+                out[made[id(winfo)]] = out.get(made[id(winfo)], 0) + size
+        return out
 
     def kept_from(self, label: str) -> dict[str, int]:
         """Bytes created in window ``label`` and still alive at its end, by creating module."""

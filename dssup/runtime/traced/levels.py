@@ -11,7 +11,7 @@ beyond 0.1 %.
 
 from __future__ import annotations
 
-from dssup.memory.traced import KindTrace, LevelTrace, ReplayStage, TracedProfile, replay
+from dssup.memory.traced import BatchTerm, KindTrace, LevelTrace, ReplayStage, TracedProfile, replay
 from dssup.runtime.traced.fit import FitError, Point, fit_term, fit_window
 from dssup.runtime.traced.step import TracedMeasurement
 
@@ -62,12 +62,25 @@ def _merge_gaps(p: Point, kinds: list[str]) -> Point:
         lines[f"fwdx:block:{i}"] = timeline
     post = p.windows[f"fwd:after:{last}"]
     first = post.get("first", post["start"])
-    win["fwdx:post"] = {**post, "start": first}
+    # ``fwdx:post`` ends after autocast is left, less what that freed of the blocks' (their
+    # own term ``released``, replayed per block: a model of any depth frees that many)
+    end = dict(p.windows.get("fwd:exit", post)["end"])
+    end["Total"] += sum(released(p, i) for i in range(last + 1))
+    win["fwdx:post"] = {**post, "start": first, "end": end}
     lines["fwdx:post"] = [
         (t + _total(post, "start") - first["Total"], g, op)
         for t, g, op in p.timelines[f"fwd:after:{last}"]
     ]
     return Point(p.b, p.s, win, lines, p.parameters, p.peak)
+
+
+def released(p: Point, i: int) -> int:
+    """Bytes block i's forward window (with the gap before it, as ``_merge_gaps`` joins them)
+    kept until autocast was left, which leaving it freed: its cached weight casts."""
+    out = p.windows[f"fwd:block:{i}"].get("released", {}).get("Total", 0)
+    if i > 0:
+        out += p.windows[f"fwd:after:{i - 1}"].get("released", {}).get("Total", 0)
+    return out
 
 
 def level_trace(
@@ -86,6 +99,7 @@ def level_trace(
                 f"{kind} backward", points, [f"bwd:block:{i}" for i in idx], False, share
             ),
             parameters=params[kind],
+            released=_released_term(f"{kind} autocast release", points, idx),
         )
 
     def inputs(p: Point) -> float:
@@ -101,7 +115,15 @@ def level_trace(
         first_forward=fit_window("first block forward", points, ["fwdx:block:0"], True),
         first_backward=fit_window("first block backward", points, ["bwd:block:0"], False),
         kinds=out,
+        first_released=_released_term("first block autocast release", points, [0]),
     )
+
+
+def _released_term(name: str, points: list[Point], idx: list[int]) -> BatchTerm | None:
+    """What leaving autocast frees of one block of ``idx`` (None: nothing, as without amp)."""
+    if not any(released(p, i) for p in points for i in idx):
+        return None
+    return fit_term(name, points, lambda p: max(released(p, i) for i in idx), stored=True)
 
 
 def _phase_peak(m: TracedMeasurement, phase: str) -> int:

@@ -103,6 +103,7 @@ def _loop(job: Job, knobs: Knobs, opt: torch.optim.Optimizer, batch: Any, mt: Ph
         mt.mark("fwd:pre")
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=knobs.dtype == "amp"):
             loss = loss_of(job.call(job.model, batch))
+            mt.mark("fwd:exit")  # leaving autocast frees its cached weight casts
         mt.phase = "backward"
         mt.mark("bwd:head")
         loss.backward()  # type: ignore[no-untyped-call]
@@ -164,6 +165,9 @@ def run_steps(
         finally:
             mt.close()
     seconds = time.perf_counter() - start
+    if timelines:  # what leaving autocast freed, by the window that made it (``levels.py``)
+        for label, size in mt.freed_in("fwd:exit").items():
+            mt.windows[label]["released"] = {"Total": size}
     dev = mt.get_tracker_snapshot("peak")[DEVICE]
     peak = dev["Total"]
     prof_peak = None if prof is None else base + prof.peak()

@@ -82,11 +82,15 @@ def test_calibrate_then_measure_and_estimate_other_sizes(tmp_path: Path) -> None
     assert level.returncode == 2 and "full is not in the profile" in level.stderr
 
 
-def test_ci_subset_of_the_transformers_accuracy_report() -> None:
+# qwen2-moe bf16 eager: MoE dispatch, s^2 scores; llama amp sdpa: autocast's cached weight
+# casts, freed when autocast is left (per block: the traced model has fewer blocks)
+@pytest.mark.parametrize("group", [GROUP, "llama-gqa-tiny/amp/sdpa"])
+@pytest.mark.timeout(900)
+def test_ci_subset_of_the_transformers_accuracy_report(group: str) -> None:
     measured = json.loads((ROOT / "bench" / "hf_measured.json").read_text())
-    mine = {"runs": [r for r in measured["runs"] if group_of(r) == GROUP]}
+    mine = {"runs": [r for r in measured["runs"] if group_of(r) == group]}
     assert len(mine["runs"]) == 32
-    model, dtype, attention = GROUP.split("/")
+    model, dtype, attention = group.split("/")
     req = CalibrationRequest(
         source=source(model),
         knobs=Knobs(dtype=dtype, attention=attention),
@@ -95,8 +99,9 @@ def test_ci_subset_of_the_transformers_accuracy_report() -> None:
         check_seq_len=CHECK_SEQ_LEN,
     )
     profile = calibrate(req)
-    assert profile.blocks == {"moe": 4} and profile.worst_check < 0.001
-    rs = rows(mine, {GROUP: profile})
+    assert profile.blocks == ({"moe": 4} if group == GROUP else {"dense": 4})
+    assert profile.worst_check < 0.001
+    rs = rows(mine, {group: profile})
     fb = [r for r in rs if r["phase"] != "optimizer"]
     assert fb and all(-0.02 <= r["error"] <= 0.04 for r in fb), [
         (r["id"], r["error"]) for r in fb if not -0.02 <= r["error"] <= 0.04
@@ -108,7 +113,7 @@ def test_ci_subset_of_the_transformers_accuracy_report() -> None:
     assert {x["remedy"] for x in rem} == {"micro-batch halved", "checkpointing on"}
     assert all(x["ok"] for x in rem), [x for x in rem if not x["ok"]]
     by_id = {r["id"]: r for r in mine["runs"]}
-    for rid in REMEASURED:
+    for rid in REMEASURED if group == GROUP else []:
         stored = by_id[rid]
         fresh = row(rid, model, Knobs.model_validate(stored["knobs"]))
         assert (fresh["peak_bytes"], fresh["phase"]) == (stored["peak_bytes"], stored["phase"])
