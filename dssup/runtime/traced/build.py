@@ -123,8 +123,7 @@ def _factory(src: ModuleSource) -> Callable[[], Any]:
     return fn  # type: ignore[no-any-return]
 
 
-@contextlib.contextmanager
-def checkpoint_blocks(blocks: list[nn.Module]) -> Iterator[None]:
+def _checkpoint(blocks: list[nn.Module]) -> None:
     """Recompute each block in backward (only its inputs kept): torch.utils.checkpoint."""
     for block in blocks:
         forward = block.forward
@@ -133,6 +132,12 @@ def checkpoint_blocks(blocks: list[nn.Module]) -> Iterator[None]:
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
         block.forward = run
+
+
+@contextlib.contextmanager
+def checkpoint_blocks(blocks: list[nn.Module]) -> Iterator[None]:
+    """``_checkpoint`` while the context lasts."""
+    _checkpoint(blocks)
     try:
         yield
     finally:
@@ -150,8 +155,8 @@ def _module_job(src: ModuleSource, knobs: Knobs) -> Job:
     if knobs.dtype == "bf16":
         model = model.to(torch.bfloat16)
     stack = find_stack(model)
-    if knobs.checkpointing:
-        checkpoint_blocks(stack.blocks).__enter__()  # for the model's lifetime
+    if knobs.checkpointing:  # for the model's lifetime (not a context: one left unreferenced
+        _checkpoint(stack.blocks)  # is closed at once, undoing it)
 
     def call(m: nn.Module, batch: Batch) -> Any:
         return m(**batch)
