@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from bench.accuracy_configs import CONFIGS, Config, calibration_id, calibration_key
+from bench.accuracy_configs import CONFIGS, Config, calibration_id, calibration_key, saved_id
 from dssup.memory import Overheads, estimate
 from dssup.memory.profile import EagerProfile
 from dssup.runtime.reference import RunSpec
@@ -354,7 +354,8 @@ def _rerender(path: Path, out: Path) -> int:
 def _repredict(doc: dict[str, Any]) -> list[Row]:
     """The saved rows with every prediction recomputed from the saved profiles."""
     configs = {c.id: c for c in CONFIGS}
-    profiles = {k: EagerProfile.model_validate(v) for k, v in doc["profiles"].items()}
+    # keys saved before a field was added to the model spec re-read with its default
+    profiles = {saved_id(k): EagerProfile.model_validate(v) for k, v in doc["profiles"].items()}
     rows = []
     for saved in doc["rows"]:
         run = configs[saved["id"]].run

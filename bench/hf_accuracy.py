@@ -93,21 +93,33 @@ def calibrate_all(groups: list[str], jobs: int) -> None:
             tmp.replace(PROFILES)
 
 
-def _training(run: dict[str, Any], profile: TracedProfile | None) -> Training:
+def _training(
+    run: dict[str, Any], profile: TracedProfile | None, framework: str | None = None
+) -> Training:
     k = run["knobs"]
+    extra: dict[str, Any] = {}
+    if framework is not None:  # the uncalibrated formula for that framework
+        extra = {"framework": framework, "attention": k["attention"]}
     return Training(
         micro_batch=k["micro_batch"],
         seq_len=k["seq_len"],
         recompute="full" if k["checkpointing"] else "none",
         precision=PRECISION[k["dtype"]],
         implementation=profile,
+        **extra,
     )
 
 
-def predict(run: dict[str, Any], profile: TracedProfile | None, convention: str) -> tuple[int, str]:
+def predict(
+    run: dict[str, Any],
+    profile: TracedProfile | None,
+    convention: str,
+    framework: str | None = None,
+) -> tuple[int, str]:
     """Allocator peak and phase the estimator predicts for ``run``."""
     model = load_model(HERE / "hf_models" / f"{run['model']}.json")
-    est = estimate(model, Layout(), _training(run, profile), NO_OVERHEADS, convention)  # type: ignore[arg-type]
+    t = _training(run, profile, framework)
+    est = estimate(model, Layout(), t, NO_OVERHEADS, convention)  # type: ignore[arg-type]
     return est.peak.bytes.allocated, est.peak_phase
 
 
@@ -120,6 +132,7 @@ def rows(measured: dict[str, Any], profiles: dict[str, TracedProfile]) -> list[d
         pred, phase = predict(run, profile, "megatron")
         meg, _ = predict(run, None, "megatron")
         pap, _ = predict(run, None, "paper")
+        hf, _ = predict(run, None, "megatron", "transformers")
         m = run["peak_bytes"]
         out.append(
             {
@@ -131,6 +144,7 @@ def rows(measured: dict[str, Any], profiles: dict[str, TracedProfile]) -> list[d
                 "error": (pred - m) / m,
                 "megatron_error": (meg - m) / m,
                 "paper_error": (pap - m) / m,
+                "transformers_error": (hf - m) / m,
             }
         )
     return out
@@ -242,10 +256,6 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
 def _pct(x: float) -> str:
     return f"{x:+.2%}"
 
@@ -300,6 +310,7 @@ def render_section(doc: dict[str, Any], measured: dict[str, Any]) -> list[str]:
         _table_row("`dssup calibrate --hf` profile (traced)", rs, "error"),
         _table_row("`--convention megatron` (uncalibrated)", rs, "megatron_error"),
         _table_row("`--convention paper` (uncalibrated)", rs, "paper_error"),
+        _table_row("`--framework transformers` (uncalibrated formula)", rs, "transformers_error"),
         "",
         "By model:",
         "",
@@ -338,3 +349,7 @@ def render_section(doc: dict[str, Any], measured: dict[str, Any]) -> list[str]:
             f"{r['megatron_error']:+.1%} | {r['paper_error']:+.1%} |"
         )
     return [*lines, ""]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
