@@ -240,6 +240,8 @@ class _Search:
         parts: list[tuple[list[int], int | None]] = [(micro, None)]
         if split and rows in micro:
             parts = [(micro[:-1], 2), ([rows], 1)] if len(micro) > 1 else [([rows], 1)]
+        elif split:  # every config accumulates (m = 1 is not a valid schedule here)
+            parts = [(micro, 2)]
         for zero in req.zero_stages:
             for off_opt, off_par in offloads:
                 if off_par and zero != 3:

@@ -182,6 +182,11 @@ def traced_assumptions(p: TracedProfile, m: ModelSpec, layout: Layout, t: Traini
             "modelled: each in-flight micro-batch holds its blocks' stored bytes; a later "
             "stage's received activation is counted as the embedding window's output"
         )
+    if layout.pp > 1 and layout.schedule in ("dualpipe", "interleaved"):
+        out.append(
+            f"modelled: a rank holding several stages ({layout.schedule}) is replayed as one "
+            "stage with all their blocks, at the largest in-flight count of any: an upper bound"
+        )
     if t.seq_len > p.seq_len:
         out.append(
             f"sequence {t.seq_len} beyond the longest traced ({p.seq_len}): per-sample bytes "

@@ -222,3 +222,40 @@ def test_leaving_autocast_frees_each_blocks_cached_casts() -> None:
 
     for blocks in (1, 3, 6):
         assert head(PROFILE, blocks) - head(prof, blocks) == blocks * cast
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(pp=2),
+        Layout(pp=2, vpp=2, schedule="interleaved"),
+    ],
+    ids=["1f1b", "interleaved"],  # (DualPipe is refused for a dense model)
+)
+def test_pipeline_ranks_plan_and_estimate_alike(layout: Layout) -> None:
+    """Every rank is replayed (several held stages as one, an upper bound said so); the plan's
+    configs re-estimate to the same bytes and phase."""
+    model = MODEL.model_copy(update={"layers": 4})
+    prof = PROFILE.model_copy(update={"blocks": {"dense": 4}})
+    t = _training().model_copy(update={"implementation": prof})
+    req = PlanRequest(
+        model=model,
+        global_batch=8,
+        gpu_memory_bytes=100 * 2**20,
+        layout=layout,
+        training=t,
+        overheads=NONE,
+        recompute=("none",),
+        zero_stages=(0, 1),
+        allow_offload=False,
+        margin=0.0,
+    )
+    result = plan_configs(req)
+    assert result.candidates, result
+    for c in result.candidates:
+        e = estimate(model, c.layout, c.training, NONE)
+        assert (c.peak_bytes, c.phase) == (e.peak_bytes, e.peak_phase)
+        several = " ".join(e.assumptions)
+        assert ("replayed as one stage" in several) == (layout.schedule != "1f1b")
+    one = estimate(model, layout, t.model_copy(update={"grad_accum": 4}), NONE)
+    assert len(one.stages) == 2 and all(st.bytes.activations > 0 for st in one.stages)
