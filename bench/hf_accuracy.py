@@ -336,6 +336,15 @@ def render_section(doc: dict[str, Any], measured: dict[str, Any]) -> list[str]:
         ]
     lines += [
         "",
+        "What this shows: traces of a reduced model (two blocks of each kind) at micro-batches "
+        "and lengths none of the measured runs use extrapolate, through the pure memory model, to "
+        "every measured step of the full tiny models -- across the attention implementation, "
+        "dtype/autocast, checkpointing and the MoE dispatch transformers really runs. What it "
+        "does not: the CUDA side (kernels, caching allocator, context; `gpu/measure_cuda.py "
+        "--hf` is prepared, no GPU was lent), and the composition with TP/SP/CP/EP/PP and ZeRO "
+        "(modelled, one CPU device here). Both sides run on the same CPU allocator, so the "
+        "measured and traced bytes agree to the byte where the step is deterministic.",
+        "",
         "### Every run",
         "",
         "| run | measured MiB | predicted MiB | error | measured phase | predicted phase "

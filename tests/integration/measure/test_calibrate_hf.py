@@ -78,8 +78,8 @@ def test_calibrate_then_measure_and_estimate_other_sizes(tmp_path: Path) -> None
     wrong = _dssup("estimate", "--model", "llama-3-8b", "--calibration", str(prof))
     assert wrong.returncode == 2 and "calibrate the model you estimate" in wrong.stderr
     level = _dssup("estimate", "--model", str(cfg), "--calibration", str(prof), "--recompute",
-                   "full")  # fmt: skip
-    assert level.returncode == 2 and "full is not in the profile" in level.stderr
+                   "selective")  # fmt: skip
+    assert level.returncode == 2 and "selective is not in the profile" in level.stderr
 
 
 # qwen2-moe bf16 eager: MoE dispatch, s^2 scores; llama amp sdpa: autocast's cached weight
