@@ -70,7 +70,7 @@ def source_options(fn: Any) -> Any:
             "module",
             default=None,
             help="Your own model: 'package.module:factory', a function returning "
-            "(model, make_batch); see examples/custom_block.py.",
+            "(model, make_batch); see examples/custom_block/model.py.",
         ),
         click.option(
             "--module-path",

@@ -131,7 +131,7 @@ def assumptions(
         out += framework_lines(m, training, r)
     prof = training.implementation
     if isinstance(prof, TracedProfile):
-        return traced_assumptions(prof, m, layout, training) + out
+        return traced_assumptions(prof, m, layout, training, r.precision) + out
     if prof is not None:
         out.insert(
             0,

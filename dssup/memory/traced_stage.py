@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from dssup.errors import ConfigError
-from dssup.memory.config import Layout, Training
+from dssup.memory.config import Layout, Precision, Training
 from dssup.memory.profile import EagerProfile
 from dssup.memory.spec import ModelSpec
 from dssup.memory.traced import Candidate, ReplayStage, TracedProfile, replay
@@ -147,7 +147,36 @@ def stored_terms(
     return out
 
 
-def traced_assumptions(p: TracedProfile, m: ModelSpec, layout: Layout, t: Training) -> list[str]:
+# (weights, gradients, master, moments) bytes of the step each profile dtype traces
+_TRACED_STATES = {"fp32": (4, 4, 0, 4), "bf16": (2, 2, 0, 2), "amp": (4, 4, 0, 4)}
+_DTYPE = {4: "fp32", 2: "bf16", 0: "none"}
+
+
+def _precision_note(p: TracedProfile, precision: Precision | None) -> list[str]:
+    """A line when the estimate counts model states at another precision than the trace's."""
+    traced = _TRACED_STATES.get(p.dtype)
+    if precision is None or traced is None:
+        return []
+    counted = (precision.weights, precision.gradients, precision.master, precision.moments)
+    if counted == traced:
+        return []
+    w, g, ms, mo = traced
+    flag = f"weights={_DTYPE[w]},grads={_DTYPE[g]},master={_DTYPE[ms]},moments={_DTYPE[mo]}"
+    return [
+        f"model states counted at the estimate's precision (weights {counted[0]} B, gradients "
+        f"{counted[1]} B, master {counted[2]} B, moments 2 x {counted[3]} B per parameter), not "
+        f"at the traced {p.dtype} step's ({w}, {g}, {ms}, 2 x {mo} B); --dtypes {flag} counts "
+        "what was traced"
+    ]
+
+
+def traced_assumptions(
+    p: TracedProfile,
+    m: ModelSpec,
+    layout: Layout,
+    t: Training,
+    precision: Precision | None = None,
+) -> list[str]:
     """What was traced and what is modelled, for the estimate's assumptions list."""
     v = p.provenance
     blocks = " + ".join(f"{n} {k}" for k, n in p.blocks.items())
@@ -158,6 +187,7 @@ def traced_assumptions(p: TracedProfile, m: ModelSpec, layout: Layout, t: Traini
         f"optimizer temporaries -- replayed over each stage's blocks ({blocks} in the model)",
         "modelled: weights, gradients and optimizer states with TP/EP splitting, ZeRO and "
         "offload (the memory model); the traced windows' gradient bytes scaled to that sharding",
+        *_precision_note(p, precision),
     ]
     if layout.tp > 1:
         out.append(

@@ -6,7 +6,8 @@ dssup cannot know what this block stores for backward; it traces it::
     dssup calibrate --module custom_block.model:factory --module-path examples \\
         --seq-len 512 --dtype bf16 --out block.json
     dssup estimate --model examples/custom_block/config.json --calibration block.json \\
-        --seq-len 512 --micro-batch 8 --tp 2 --zero 1 --dp 4 --gpu-memory 24GiB
+        --seq-len 512 --micro-batch 8 --tp 2 --zero 1 --dp 4 --gpu-memory 24GiB \\
+        --dtypes weights=bf16,grads=bf16,master=none,moments=bf16   # the traced step's states
 
 ``factory()`` is all dssup needs: it returns the model and ``make_batch(micro_batch, seq_len)``,
 whose dict is passed as ``model(**batch)``; the model returns the loss. Its sizes are the ones in

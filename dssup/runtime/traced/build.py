@@ -145,6 +145,18 @@ def checkpoint_blocks(blocks: list[nn.Module]) -> Iterator[None]:
             del block.forward  # the class's forward again
 
 
+def _to_bf16(model: nn.Module) -> None:
+    """``model.to(torch.bfloat16)`` tensor by tensor: under FakeTensorMode ``Module.to`` must
+    swap the fake parameters in place, which it refuses ("Couldn't swap Embedding.weight")."""
+    for mod in model.modules():
+        for name, p in mod._parameters.items():
+            if p is not None and p.is_floating_point():
+                mod._parameters[name] = nn.Parameter(p.detach().to(torch.bfloat16), p.requires_grad)
+        for name, buf in mod._buffers.items():
+            if buf is not None and buf.is_floating_point():
+                mod._buffers[name] = buf.to(torch.bfloat16)
+
+
 def _module_job(src: ModuleSource, knobs: Knobs) -> Job:
     made = _factory(src)()
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
@@ -153,7 +165,7 @@ def _module_job(src: ModuleSource, knobs: Knobs) -> Job:
         )
     model, make_batch = made
     if knobs.dtype == "bf16":
-        model = model.to(torch.bfloat16)
+        _to_bf16(model)
     stack = find_stack(model)
     if knobs.checkpointing:  # for the model's lifetime (not a context: one left unreferenced
         _checkpoint(stack.blocks)  # is closed at once, undoing it)

@@ -59,3 +59,18 @@ def test_module_factory_calibrates_measures_and_estimates(tmp_path: Path) -> Non
     est = json.loads(out.stdout)
     assert any(a.startswith("traced (module custom_block") for a in est["assumptions"])
     assert any("/ TP=2" in a for a in est["assumptions"])
+
+
+def test_the_docstring_commands_in_bf16(tmp_path: Path) -> None:
+    """model.py's own example (bf16: the factory's model is cast tensor by tensor under
+    FakeTensorMode, where ``Module.to`` cannot swap fake parameters), at a shorter length."""
+    prof = tmp_path / "block.json"
+    out = _dssup("calibrate", *MODULE, "--seq-len", "32", "--dtype", "bf16", "--out", str(prof))
+    assert out.returncode == 0, out.stderr
+    out = _dssup(
+        "estimate", "--model", CONFIG, "--calibration", str(prof), "--seq-len", "32",
+        "--micro-batch", "8", "--tp", "2", "--zero", "1", "--dp", "4", "--gpu-memory", "24GiB",
+        "--dtypes", "weights=bf16,grads=bf16,master=none,moments=bf16",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "FITS" in out.stdout and "model states counted" not in out.stdout
