@@ -5,7 +5,8 @@ and a gloo group, nothing else, so launches are as cheap as torchrun allows. Wit
 ``BENCH_NO_RECORD=1`` the entry point is not wrapped in torchelastic's ``@record`` (no error
 file: the traceback on stderr is all dssup sees), as in most scripts. With
 ``BENCH_START_FILE`` rank 1 also writes when its process started (before importing torch), so
-a launcher's own relaunch can be timed from the outside."""
+a launcher's own relaunch can be timed from the outside. Each rank reports what it trains with
+(``dssup.runtime.report_started``), so the benchmark's "global batch" line is the job's own."""
 
 import os
 import sys
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dssup.runtime import clean_exit
+from dssup.runtime.report import report_started
 
 MESSAGE = (
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB "
@@ -35,6 +37,7 @@ def main() -> None:
     mb = int(os.environ.get("DSSUP_MICRO_BATCH_SIZE") or os.environ.get("BENCH_MB", "8"))
     # it follows the whole batch contract: the accumulation arrives with the micro-batch
     gas = int(os.environ.get("DSSUP_GRAD_ACCUM_STEPS") or 1)
+    report_started(micro_batch=mb, grad_accum=gas, dp=dist.get_world_size())
     if dist.get_rank() == 1 and mb > 4:
         attempt = os.environ.get("DSSUP_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT")
         with open(f"{os.environ['BENCH_DEATH_FILE']}.{attempt}", "w") as fh:

@@ -38,7 +38,7 @@ WORKER = str(HERE / "supervisor_oom_worker.py")
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 
 
-def dssup_once(tmp: Path, fast_fail: bool = True, record: bool = True) -> dict[str, float]:
+def dssup_once(tmp: Path, fast_fail: bool = True, record: bool = True) -> dict[str, Any]:
     run = tmp / "run"
     env = {**os.environ, "BENCH_DEATH_FILE": str(tmp / "death"),
            "BENCH_NO_RECORD": "0" if record else "1"}  # fmt: skip
@@ -55,12 +55,14 @@ def dssup_once(tmp: Path, fast_fail: bool = True, record: bool = True) -> dict[s
     rec = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
     ends = [r for r in rec if r["type"] == "attempt-ended"]
     death = float((tmp / "death.1").read_text())
+    reports = [r["batch"] for r in rec if r["type"] == "job-report"]
     return {
         "death_to_attempt_stopped_s": ends[0]["exited_at"] - death,
         "dssup_overhead_s": ends[1]["spawned_at"] - ends[0]["exited_at"],
         "death_to_relaunch_s": ends[1]["spawned_at"] - death,
         "attempts": len(ends),
         "total_s": total,
+        "batch": [f"{b['status']} {b.get('reported')}" for b in reports],
     }
 
 
@@ -150,15 +152,17 @@ def main() -> None:
     p.add_argument("--cap-mib", type=int, default=56, help="address-space budget (accelerate)")
     p.add_argument("--no-fast-fail", action="store_true", help="let torchrun tear down first")
     args = p.parse_args()
-    meds = {}
+    meds, batches = {}, {}
     for record in (True, False):
         rows = []
         for i in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
                 rows.append(dssup_once(Path(tmp), not args.no_fast_fail, record))
-            row = ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items())
-            print(f"dssup run {i + 1} ({_with(record)}): {row}", flush=True)
-        meds[record] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            row = ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items() if k != "batch")
+            print(f"dssup run {i + 1} ({_with(record)}): {row}; job's reports: "
+                  f"{rows[-1]['batch']}", flush=True)  # fmt: skip
+        meds[record] = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "batch"}
+        batches[record] = sorted({b for r in rows for b in r["batch"]})
     with tempfile.TemporaryDirectory() as tmp:
         tr = torchrun_max_restarts(Path(tmp))
     acc = accelerate_semantics(args.cap_mib)
@@ -174,7 +178,8 @@ def main() -> None:
               f"{med['death_to_attempt_stopped_s'] * 1000:.0f} ms ({how}), "
               f"torchrun exit -> relaunch {med['dssup_overhead_s'] * 1000:.0f} ms "
               f"(dssup overhead), death -> relaunch {med['death_to_relaunch_s'] * 1000:.0f} ms "
-              f"(goal < 1000 ms); whole run {med['total_s']:.1f} s; global batch 16 -> 16")  # fmt: skip
+              f"(goal < 1000 ms); whole run {med['total_s']:.1f} s; global batch 16 as the "
+              f"job reported it: {batches[record]}")  # fmt: skip
     print(f"torchrun --max-restarts 3: exit {tr['exit_code']}, the same OOM {tr['oom_deaths']} "
           f"times, never recovers; its own restart: death -> the relaunched worker started "
           f"{tr['death_to_relaunch_s'] * 1000:.0f} ms (median); {tr['total_s']:.1f} s")  # fmt: skip

@@ -30,6 +30,7 @@ from dssup.admission.visible import pods_config, seen_knobs
 from dssup.admission.wire import copy_json
 from dssup.errors import ConfigError
 from dssup.memory import Candidate, Estimate, Layout, PlanRequest, PlanResult, plan
+from dssup.memory.topology import topology_of
 
 __all__ = ["Resize", "find_resize"]
 
@@ -84,8 +85,10 @@ def _plan(
         micro_batches=allowed["micro_batch"],
         margin=settings.plan_margin,
         convention=settings.convention,
+        topology=topology_of(ev.gpu.product),  # the planner's step times are for this GPU
     )
     key = (
+        ev.gpu.product,
         cfg.model_key,
         req.layout,
         req.training,

@@ -31,6 +31,10 @@ class DssupGroup(click.Group):
         except ValidationError as exc:
             click.echo(f"dssup: error: {_first_error(exc)}", err=True)
             sys.exit(2)
+        except click.UsageError as exc:  # a flag click itself refused: one line, not the usage
+            where = exc.ctx.command_path if exc.ctx is not None else "dssup"
+            click.echo(f"dssup: error: {exc.format_message()} (see {where} -h)", err=True)
+            sys.exit(2)
         except DssupError as exc:
             click.echo(f"dssup: error: {exc}", err=True)
             sys.exit(getattr(exc, "exit_code", 125))

@@ -33,6 +33,7 @@ from dssup.cli.run import build_supervisor, print_summary, run_cmd
 from dssup.elastic import ElasticRequest, ElasticTable, MemoryContext, NodeRange, solve
 from dssup.errors import ConfigError
 from dssup.memory.gpus import parse_size
+from dssup.memory.topology import topology_of
 from dssup.modelio import load_model
 from dssup.supervisor import parse_command
 from dssup.supervisor.multinode import MultiNodeConfig, MultiNodeSupervisor
@@ -64,6 +65,7 @@ def plan_elastic(o: dict[str, Any]) -> ElasticTable:
             overheads=build_overheads(o),
             convention=o["convention"],
             margin=o.get("margin", 0.05),
+            topology=topology_of(next(iter(gpus))),  # step times for that GPU's node
         )
     req = ElasticRequest(
         global_batch=o["global_batch_size"],

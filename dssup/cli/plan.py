@@ -1,4 +1,4 @@
-"""``dssup plan``: the configs that fit a GPU, cheapest first, global batch exact."""
+"""``dssup plan``: the configs that fit a GPU, fastest first, global batch exact."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import json
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from dssup.cli.app import main
+from dssup.cli.explain import render_explain
+from dssup.cli.hardware import build_cost, build_topology, hardware_options
 from dssup.cli.options import (
     build_layout,
     build_overheads,
@@ -26,63 +29,102 @@ from dssup.modelio import load_model
 
 __all__ = ["plan_cmd"]
 
+_PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp"}
+
 
 @main.command("plan")
 @model_options
-@click.option("--gpus", "--world-size", "world_size", type=int, default=None, help="Total GPUs.")
+@click.option(
+    "--gpus",
+    "--world-size",
+    "world_size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Total GPUs.",
+)
 @click.option(
     "--nnodes",
     default=None,
     help="Node range MIN:MAX instead of --gpus: print the elastic table (see plan-elastic).",
 )
-@click.option("--nproc-per-node", type=int, default=1, show_default=True, help="With --nnodes.")
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --nnodes.",
+)
 @click.option(
     "--global-batch-size",
-    type=int,
+    type=click.IntRange(min=1),
     required=True,
     help="Sequences per optimizer step; every plan keeps it exact.",
 )
 @layout_options
 @training_options
 @overhead_options
+@hardware_options
 @click.option(
     "--search-parallelism",
     is_flag=True,
-    help="Also vary TP (powers of two up to --max-tp), PP and EP.",
+    help="Also vary TP (powers of two up to --max-tp), PP, EP and the pipeline schedule "
+    "(1F1B, interleaved VPP, DualPipe for MoE); --tp/--pp/--ep/--schedule/--vpp given "
+    "explicitly pin it.",
 )
-@click.option("--max-tp", type=int, default=8, show_default=True, help="Largest TP to consider.")
+@click.option(
+    "--max-tp",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Largest TP to consider.",
+)
 @click.option("--no-offload", is_flag=True, help="Never propose optimizer or parameter offload.")
-@click.option("--zero-stages", default="0,1,2,3", show_default=True, help="ZeRO stages allowed.")
+@click.option("--zero-stages", default=None, help="ZeRO stages allowed (default 0,1,2,3).")
 @click.option(
     "--margin",
-    type=float,
+    type=click.FloatRange(min=0, max=1, max_open=True),
     default=0.05,
     show_default=True,
     help="Fraction of GPU memory kept free.",
 )
-@click.option("--top", type=int, default=10, show_default=True, help="Rows to print.")
+@click.option(
+    "--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to print."
+)
+@click.option(
+    "--explain",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print the step-time breakdown of row N (every term, every hardware figure).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def plan_cmd(
     search_parallelism: bool,
     max_tp: int,
     no_offload: bool,
-    zero_stages: str,
+    zero_stages: str | None,
     margin: float,
     top: int,
+    explain: int | None,
     as_json: bool,
     **o: Any,
 ) -> None:
-    """Rank the configs that fit, by an explicit cost model (docs/memory-model.md).
+    """Rank the configs that fit by predicted step time (docs/step-time.md).
 
     \b
     Varies micro-batch with the matching gradient accumulation (micro x accum x DP = global
-    batch, always), recompute, ZeRO stage and offload; with --search-parallelism also TP/PP/EP.
-    The flags --micro-batch, --recompute, --zero and --offload are ignored here (searched).
+    batch, always), recompute, ZeRO stage and offload; with --search-parallelism also TP, PP,
+    EP and the schedule. A searched option you give pins the search: --micro-batch,
+    --recompute, --zero, --offload (and, with --search-parallelism, --tp, --pp, --ep,
+    --schedule, --vpp). --grad-accum follows from the global batch and is refused here.
+    --layers-per-stage with --search-parallelism is the split of the layouts with its own
+    PP (its entries, divided by --vpp) under 1F1B and DualPipe; other PPs split evenly.
+    Step times are for the GPU's reference node (dssup gpus); every figure is printed.
 
     \b
     Examples:
-      dssup plan --model deepseek-v3 --gpus 1024 --global-batch-size 1024 --gpu-memory H100 \\
-          --tp 2 --pp 16 --ep 8
+      dssup plan --model deepseek-v3 --gpus 2048 --global-batch-size 15360 \\
+          --gpu-memory H800 --framework deepseek --precision fp8 --dtypes moments=bf16 \\
+          --compute-dtype fp8 --search-parallelism --margin 0 --top 5 --explain 1
       dssup plan --model llama-3-70b --gpus 64 --global-batch-size 512 --gpu-memory H100 \\
           --host-memory 2TiB      # offload only where the node's host memory holds it
     Exit status: 0 something fits, 1 nothing fits, 2 bad input.
@@ -93,40 +135,108 @@ def plan_cmd(
     if o["world_size"] is None:
         raise ConfigError("--gpus", "required for planning", "pass --gpus N (or --nnodes MIN:MAX)")
     if not o["gpu_memory"]:
-        raise ConfigError("--gpu-memory", "required for planning", "pass e.g. --gpu-memory 80GiB")
-    try:
-        stages = tuple(int(z) for z in zero_stages.split(","))
-    except ValueError as exc:
+        raise ConfigError("--gpu-memory", "required for planning", "pass e.g. --gpu-memory H100")
+    given = _given()
+    if "grad_accum" in given:
         raise ConfigError(
-            "--zero-stages", f"cannot read {zero_stages!r}", "write e.g. 0,1,2,3"
-        ) from exc
+            "--grad-accum",
+            "plan derives it from --global-batch-size, the micro-batch and DP",
+            "drop it; pass --micro-batch to pin the micro-batch",
+        )
+    if search_parallelism and o["layers_per_stage"] and "pp" not in given:
+        # the split names its own PP (one count per stage, per virtual stage with --vpp):
+        # the search uses it for that PP and VPP and splits other PPs evenly, unpinned
+        entries = len(o["layers_per_stage"].split(","))
+        if entries % o["vpp"]:
+            raise ConfigError(
+                "--layers-per-stage",
+                f"{entries} entries do not make whole stages of --vpp {o['vpp']} chunks",
+                "give one layer count per model chunk: PP x VPP entries",
+            )
+        o["pp"] = entries // o["vpp"]
+    stages = _stages(zero_stages, o["zero"] if "zero" in given else None)
+    offloads: tuple[str, ...] | None = None
+    if "offload" in given:
+        offloads = ({"params": "both"}.get(o["offload"], o["offload"]),)
+        if no_offload and offloads != ("none",):
+            raise ConfigError("--offload", "conflicts with --no-offload", "pass only one of them")
+    topo, warnings = build_topology(o)
     del o["nnodes"], o["nproc_per_node"]
     host, per_node, source = host_inputs(o)
+    if o.get("gpu_name"):  # --gpu names the node: its figure and source, like the step times
+        per_node, source = topo.gpus_per_node, topo.sources["gpus_per_node"]
     req = PlanRequest(
         model=load_model(o["model"], o.get("approximate_as")),
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
         global_batch=o["global_batch_size"],
         world_size=o["world_size"],
         layout=build_layout(o, 1),
-        training=build_training({**o, "zero": 0, "offload": "none"}, 1),
+        training=build_training({**o, "zero": 0, "offload": "none", "recompute": "none"}, 1),
         overheads=build_overheads(o),
         convention=o["convention"],
+        recompute=(o["recompute"],) if "recompute" in given else ("none", "selective", "full"),
         zero_stages=stages,
         allow_offload=not no_offload,
+        offloads=offloads,
+        micro_batches=(o["micro_batch"],) if "micro_batch" in given else None,
         search_parallelism=search_parallelism,
+        fixed=tuple(_PINS[k] for k in _PINS if k in given) if search_parallelism else (),
         max_tp=max_tp,
         margin=margin,
+        cost=build_cost(o),
+        topology=topo,
+        limit=max(top, explain or 0),
         host_memory_bytes=host,
-        gpus_per_node=per_node,
+        gpus_per_node=topo.gpus_per_node,
     )
     res = plan(req)
+    res = res.model_copy(update={"warnings": warnings + res.warnings})
+    if explain is not None and explain > len(res.candidates):
+        raise ConfigError(
+            "--explain",
+            f"row {explain} does not exist ({len(res.candidates)} rows fit)",
+            f"pick a row from 1 to {len(res.candidates)}" if res.candidates else "nothing fits",
+        )
     if as_json:
         click.echo(json.dumps(res.model_dump(mode="json"), separators=(",", ":")))
     else:
-        click.echo(render_plan(res, top))
+        click.echo(render_plan(res, top, margin))
+        if explain is not None:
+            click.echo(render_explain(res, explain, req.cost))
         click.echo(f"host per node: {per_node} GPUs per node ({source})")
     if not res.candidates:
         raise SystemExit(1)
+
+
+def _given() -> set[str]:
+    """Parameters the user typed (not defaults)."""
+    ctx = click.get_current_context()
+    return {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
+
+
+def _stages(text: str | None, pinned: int | None) -> tuple[int, ...]:
+    """``--zero-stages`` read and checked; ``--zero N`` pins it (both: they must agree)."""
+    if text is None:
+        return (pinned,) if pinned is not None else (0, 1, 2, 3)
+    try:
+        stages = tuple(int(z) for z in text.split(","))
+    except ValueError as exc:
+        raise ConfigError("--zero-stages", f"cannot read {text!r}", "write e.g. 0,1,2,3") from exc
+    bad = [z for z in stages if z not in (0, 1, 2, 3)]
+    if bad:
+        raise ConfigError(
+            "--zero-stages", f"{bad[0]} is not a ZeRO stage", "use stages from 0,1,2,3"
+        )
+    if pinned is not None and stages != (pinned,):
+        raise ConfigError(
+            "--zero", f"--zero {pinned} conflicts with --zero-stages {text}", "pass only one"
+        )
+    return tuple(dict.fromkeys(stages))
 
 
 def _elastic(o: dict[str, Any], margin: float, as_json: bool) -> None:

@@ -139,13 +139,14 @@ def _host_lines(est: Estimate) -> list[str]:
     return [line]
 
 
-def render_plan(res: PlanResult, top: int) -> str:
+def render_plan(res: PlanResult, top: int, margin: float = 0.05) -> str:
     header = (
         "#",
         "tp",
         "pp",
         "ep",
         "dp",
+        "sched",
         "micro",
         "accum",
         "recompute",
@@ -168,6 +169,7 @@ def render_plan(res: PlanResult, top: int) -> str:
                 str(lay.pp),
                 str(lay.ep),
                 str(lay.dp),
+                _sched(lay.schedule, lay.vpp, lay.pp),
                 str(t.micro_batch),
                 str(t.grad_accum),
                 t.recompute,
@@ -181,9 +183,10 @@ def render_plan(res: PlanResult, top: int) -> str:
             )
         )
     lines = [
-        f"{res.fitting} of {res.evaluated} configs fit; cheapest first (micro x accum x dp = "
-        "global batch in every row)"
+        f"{res.fitting} of {res.evaluated} configs fit; fastest first by predicted step time "
+        f"on {res.topology.gpu} (micro x accum x dp = global batch in every row)"
     ]
+    lines += [f"warning: {w}" for w in res.warnings]
     if res.host_limited:
         lines.append(
             f"{res.host_limited} configs fit the GPU but not the host memory (the least needs "
@@ -191,12 +194,33 @@ def render_plan(res: PlanResult, top: int) -> str:
         )
     if rows:
         lines += _table(header, rows)
+        lines.append("dssup plan --explain N shows row N's step time term by term")
     elif res.closest is not None:
-        c = res.closest
-        lines.append(
-            f"nothing fits; closest: tp {c.layout.tp} pp {c.layout.pp} ep {c.layout.ep} "
-            f"micro {c.training.micro_batch} recompute {c.training.recompute} zero "
-            f"{c.training.zero_stage} needs {gib(c.peak_bytes)} GiB "
-            f"({gib(-c.headroom_bytes)} GiB over)"
-        )
+        lines.append(_closest(res, margin))
     return "\n".join(lines)
+
+
+def _sched(schedule: str, vpp: int, pp: int) -> str:
+    if pp == 1:
+        return "-"
+    return f"vpp{vpp}" if schedule == "interleaved" else schedule
+
+
+def _closest(res: PlanResult, margin: float) -> str:
+    """Name whether the closest config misses the GPU itself or only the kept-free margin."""
+    c = res.closest
+    assert c is not None  # checked by the caller; not input validation
+    what = (
+        f"tp {c.layout.tp} pp {c.layout.pp} ep {c.layout.ep} micro {c.training.micro_batch} "
+        f"recompute {c.training.recompute} zero {c.training.zero_stage} needs "
+        f"{gib(c.peak_bytes)} GiB"
+    )
+    if res.closest_fits_gpu:
+        gpu = c.peak_bytes + c.headroom_bytes
+        need = max(0.0, 1 - c.peak_bytes / gpu)
+        return (
+            f"nothing fits with the {margin:.0%} margin; closest: {what}, which fits the GPU "
+            f"({gib(c.headroom_bytes)} GiB free) but not the margin: --margin "
+            f"{int(need * 1000) / 1000:g} would admit it"
+        )
+    return f"nothing fits the GPU; closest: {what} ({gib(-c.headroom_bytes)} GiB over the GPU)"

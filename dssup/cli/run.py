@@ -141,6 +141,7 @@ def _model_step(o: dict[str, Any], plan: TrainingPlan) -> Any:
     from dssup.cli.options import load_profile
     from dssup.memory import Layout, Training
     from dssup.memory.gpus import parse_size
+    from dssup.memory.topology import topology_of
     from dssup.modelio import load_model
     from dssup.supervisor.modelplan import ModelStep
 
@@ -151,6 +152,7 @@ def _model_step(o: dict[str, Any], plan: TrainingPlan) -> Any:
     return ModelStep(
         model=load_model(o["model"]), layout=layout, base=base,
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"), margin=o["margin"],
+        topology=topology_of(o["gpu_memory"]),
     )  # fmt: skip
 
 

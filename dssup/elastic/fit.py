@@ -18,6 +18,7 @@ from dssup.memory import Candidate, Layout, ModelSpec, Overheads, PlanRequest, T
 from dssup.memory import estimate as estimate_memory
 from dssup.memory import plan as plan_memory
 from dssup.memory.config import Convention
+from dssup.memory.topology import Topology
 
 __all__ = ["Fitted", "MemoryContext", "search_plans"]
 
@@ -43,6 +44,9 @@ class MemoryContext(BaseModel):
     zero_stages: tuple[int, ...] = Field((0, 1, 2, 3), description="stages the job can use")
     recompute: tuple[Recompute, ...] = Field(RECOMPUTES, description="levels the job can use")
     allow_offload: bool = Field(True, description="the job can offload to host memory")
+    topology: Topology | None = Field(
+        None, description="GPU the planner's step times are for; None: an H100 node"
+    )
 
     @property
     def model_parallel(self) -> int:
@@ -128,6 +132,7 @@ def search_plans(
         allow_offload=allow_offload,
         micro_batches=tuple(micro_batches) if micro_batches is not None else None,
         margin=ctx.margin,
+        topology=ctx.topology,
         limit=limit,
     )
     out = []

@@ -1,134 +1,341 @@
-"""An explicit, documented cost model used to rank configs that fit.
+"""The step-time model that ranks the configs that fit: seconds per optimizer step, by term.
 
-Step time in seconds on one GPU (all GPUs of a data-parallel job do the same work):
+Why a physical model: the planner's top row becomes the webhook's resize and the supervisor's
+remedy, so the ranking must be one an engineer would pick: TP kept on NVLink, expert
+all-to-all priced on the link it crosses, ZeRO stages apart by what they communicate, CPU
+offload as slow as the host cores behind it. Every term is shown (``dssup plan --explain N``).
 
-    compute   = 6 * N_active * tokens_per_gpu / (peak_flops * mfu)
-                * recompute factor (none 1.00, selective 1.05, full 1.33)
-                * (1 + small_batch_tokens / (b * s))          # small micro-batches run slower
-                * (1 + (PP - 1) / (m * VPP))                  # pipeline bubble (1F1B)
-    zero3     = 2 * m * P_gpu * weight_bytes * (DP-1)/DP / dp_bandwidth
-                (parameters all-gathered for forward and backward of every micro-batch)
-    offload   = (grad + weight bytes of the shard) / pcie_bandwidth + shard / cpu_adam_rate
-                (+ 2 * m * P_gpu * weight_bytes / pcie_bandwidth with parameter offload)
+For one config (micro-batch ``b``, ``m`` micro-batches, ZeRO stage, offload, recompute)::
 
-ZeRO 0-2 gradient traffic overlaps with backward and is not charged. The absolute figures
-depend on the hardware settings below (H100-class defaults); the ranking is what matters.
+    C    = b * compute_per_sequence[rc] + weight_reads          # one micro-batch, one device
+    X    = exposed TP/EP/CP/PP communication of that micro-batch  (+ SM cost of the hidden part)
+    Z    = ZeRO-2/3 and parameter-offload traffic per micro-batch, hidden behind C up to dp_overlap
+    T_mb = C + X + Z_exposed
+    step = (m + bubble) * T_mb + exposed gradient/parameter sync + optimizer step (GPU or CPU)
+
+``bubble`` is ``(PP-1)/VPP`` micro-batches for 1F1B and interleaved 1F1B and
+``(PP/2-1)(F&B + B - 3W)/(F+B)`` for DualPipe (DeepSeek-V3 technical report, arXiv 2412.19437,
+Table 2; with F:B:W = 1:2:1 that is ``(PP/2-1) * 2/3``); DualPipe also hides EP and PP traffic
+behind the overlapped forward/backward chunk, up to its compute time (same report, sec. 3.2.1),
+with 20 of the 132 SMs kept for the communication kernels throughout (sec. 3.2.2), so its
+compute runs ``comm_sm_fraction`` slower whenever there is traffic to hide.
+
+Everything that does not depend on (b, m, ZeRO, offload) is folded into ``LayoutCost`` once per
+layout (here), and everything but (b, m) into ``CostCurve`` once per (ZeRO, offload, recompute)
+(``curve.py``), so the planner's inner loop stays a few float operations per config
+(``curve.cost_at``). The constants and
+their sources are in ``CostModel``; docs/step-time.md has the derivations and the validation.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dssup.memory.config import Layout, Training
+from dssup.memory.comm import Links, SeqComm, dp_bytes, links, seq_comm
+from dssup.memory.config import RECOMPUTE_LEVELS, Layout, Precision, Recompute
+from dssup.memory.flops import DeviceWork, device_work
+from dssup.memory.spec import ModelSpec
+from dssup.memory.topology import Topology
 
 __all__ = [
-    "RECOMPUTE_FACTOR",
-    "CostCurve",
+    "DEFAULT_RECOMPUTE",
+    "TP_OVERLAP",
     "CostModel",
-    "cost_at",
-    "cost_curve",
-    "step_cost",
+    "LayoutCost",
+    "RcPart",
+    "RecomputeSpec",
+    "bubble",
+    "layout_cost",
+    "tp_overlap",
 ]
 
 
-RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.05, "full": 4.0 / 3.0}
-
-
 class CostModel(BaseModel):
-    """Hardware figures for the cost model."""
+    """Constants of the step-time model, and how the job runs. Sources in docs/step-time.md."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    peak_flops: float = Field(989e12, gt=0, description="dense BF16 FLOP/s per GPU")
-    mfu: float = Field(0.4, gt=0, le=1, description="model FLOP utilisation achieved")
-    small_batch_tokens: int = Field(512, ge=0, description="tokens of fixed per-micro-batch cost")
-    dp_bandwidth: float = Field(25e9, gt=0, description="bytes/s per GPU for ZeRO-3 all-gathers")
-    pcie_bandwidth: float = Field(25e9, gt=0, description="bytes/s host<->device per GPU")
-    cpu_adam_rate: float = Field(
-        1e9, gt=0, description="parameters/s the host Adam updates per GPU"
+    compute_dtype: Literal["bf16", "fp8"] = Field(
+        "bf16",
+        description="GEMM precision (fp8: TransformerEngine/DeepSeek FP8 GEMMs; the "
+        "attention core stays BF16)",
+    )
+    gemm_efficiency: float = Field(
+        0.68,
+        gt=0,
+        le=1,
+        description="fraction of the dense BF16 peak that training GEMMs reach (FITTED: "
+        "bench/fit_step_time.py on the recipes marked fit; others held out)",
+    )
+    fp8_gemm_efficiency: float = Field(
+        0.48,
+        gt=0,
+        le=1,
+        description="fraction of the dense FP8 peak that FP8 GEMMs reach, "
+        "quantisation and scaling included (FITTED like gemm_efficiency)",
+    )
+    attention_efficiency: float = Field(
+        0.45, gt=0, le=1, description="fraction of the BF16 peak fused attention reaches"
+    )
+    elementwise_passes: float = Field(
+        4.0,
+        ge=0,
+        description="passes over the stored activations by memory-bound kernels "
+        "(written forward, read backward, gradient written and read)",
+    )
+    nvlink_efficiency: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="achieved fraction of the per-direction NVLink figure "
+        "(DeepSeek-V3 report sec. 3.2.2 gives NVLink 160 GB/s on its H800 nodes; the GPU "
+        "table has 200 GB/s per direction)",
+    )
+    nic_efficiency: float = Field(
+        0.92,
+        gt=0,
+        le=1,
+        description="achieved fraction of the NIC line rate: 46 of 50 GB/s per 400 Gb/s NIC, "
+        "below the 'up to 48-49 GB/s' NVIDIA gives for a CX-7 NIC at 400 Gb/s "
+        "(NVIDIA/nccl-tests#267) and 24 GB/s per 200 Gb/s NIC (NVIDIA/nccl-tests#119)",
+    )
+    comm_sm_fraction: float = Field(
+        20 / 132,
+        ge=0,
+        le=1,
+        description="compute slowdown while communication is hidden "
+        "behind it (DeepSeek-V3 report sec. 3.2.2: 20 of 132 SMs run communication)",
+    )
+    tp_overlap: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="fraction of TP traffic hidden behind GEMMs; None: the framework's "
+        "(``TP_OVERLAP``: Megatron 0.5, every other framework 0)",
+    )
+    ep_overlap: bool = Field(
+        False,
+        description="the expert all-to-all of one micro-batch runs behind another's compute "
+        "(Megatron --overlap-moe-expert-parallel-comm / moe_a2a_overlap, DeepEP/HybridEP "
+        "overlap; always under DualPipe): hidden up to the compute, the rest exposed",
+    )
+    cp_overlap: float = Field(0.8, ge=0, le=1, description="CP ring traffic hidden")
+    pp_overlap: float = Field(0.5, ge=0, le=1, description="PP sends hidden")
+    dp_overlap: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="fraction of a micro-batch's compute that data-parallel "
+        "traffic (gradient reduce, ZeRO gathers) can hide behind",
+    )
+    ep_dispatch: Literal["alltoall", "dedup"] = Field(
+        "alltoall",
+        description="alltoall: one copy per (token, expert); dedup: one copy per "
+        "(token, node) across nodes (DeepEP, HybridEP)",
+    )
+    moe_slot_seconds: float = Field(
+        8.3e-11,
+        ge=0,
+        description="seconds per routed (token, expert) slot and hidden element, forward and "
+        "backward, that fine-grained MoE layers cost beyond their GEMMs and all-to-all "
+        "(permutation, routing, narrow grouped GEMMs; FITTED: bench/fit_step_time.py on the "
+        "MoE recipes marked fit)",
+    )
+    cpu_adam_params_per_core: float = Field(
+        12e6,
+        gt=0,
+        description="parameters per second one host core updates with DeepSpeed's "
+        "CPU Adam (DeepSpeed blog zenflow-corebinding: 0.77 B parameters in ~1.0 s on 64 cores)",
     )
 
 
-def step_cost(
+#: TP traffic hidden behind GEMMs when ``CostModel.tp_overlap`` is None, by framework. Megatron-Core
+#: with TransformerEngine overlaps the TP collectives with GEMMs (``tp_comm_overlap``, which
+#: Megatron-Bridge's performance recipes turn on whenever TP > 1); how much it hides is an
+#: assumption (half). No other framework publishes such an overlap (DeepSeek's avoids TP,
+#: DeepSeek-V3 report sec. 3.2; DualPipe hides EP and PP traffic, not TP), so there it is 0:
+#: assuming an overlap nobody documents would be the optimistic default.
+TP_OVERLAP: dict[str, float] = {"megatron": 0.5}
+
+
+def tp_overlap(cm: CostModel, framework: str) -> float:
+    """The fraction of TP traffic hidden: the model's setting, else the framework's."""
+    return cm.tp_overlap if cm.tp_overlap is not None else TP_OVERLAP.get(framework, 0.0)
+
+
+class RecomputeSpec(NamedTuple):
+    """What the recompute levels re-run: Megatron's selective modules, and for full recompute
+    the method (uniform: every layer; block: the first ``num_layers`` of each stage)."""
+
+    modules: frozenset[str]
+    method: str
+    num_layers: int
+
+
+DEFAULT_RECOMPUTE = RecomputeSpec(frozenset({"core_attn"}), "uniform", 1)
+
+
+class RcPart(NamedTuple):
+    """What one recompute level costs per sequence on the slowest device (seconds)."""
+
+    seq: float  # compute: GEMMs, attention core, memory-bound kernels, recompute
+    exposed: float  # exposed TP/EP/CP/PP traffic plus the SM cost of the hidden part
+    dual: float  # EP (+ PP under DualPipe) traffic hidden behind compute up to its length
+    fwd_share: float  # forward part of the compute (what parameter gathers can hide behind)
+    parts: tuple[float, float, float, float, float]  # GEMM, attention, memory-bound, MoE, rc
+    traffic: tuple[float, float, float, float]  # raw TP, EP, CP, PP seconds
+
+
+class LayoutCost(NamedTuple):
+    """Everything that depends only on the layout, folded once (most configs never need it:
+    the planner folds it on the first config of the layout that fits)."""
+
+    rc: dict[Recompute, RcPart]
+    zero: dict[int, tuple[float, float, float, float]]  # seconds: dp_bytes' four amounts
+    weight_reads: float  # seconds per micro-batch: weights read forward, dgrad, wgrad
+    bubble: float  # micro-batches
+    params: int  # parameters on the device (DualPipe: both stages)
+    hbm: float
+    host: float
+    cores_per_gpu: float | None
+    lk: Links
+
+
+def layout_cost(
     cm: CostModel,
+    topo: Topology,
+    m: ModelSpec,
     layout: Layout,
-    training: Training,
-    active_params: int,
-    gpu_params: int,
-    shard_params: int,
-    global_batch: int,
-    weight_bytes: int,
-    grad_bytes: int,
-) -> dict[str, float]:
-    """Seconds per optimizer step, by term; ``total`` is their sum."""
-    t = training
-    curve = cost_curve(
-        cm,
-        layout.pp,
-        layout.vpp,
-        layout.dp,
-        layout.world_size,
-        t.seq_len,
-        t.recompute,
-        t.zero_stage,
-        t.offload_optimizer,
-        t.offload_params,
-        active_params,
-        gpu_params,
-        global_batch,
-        weight_bytes,
-        grad_bytes,
-    )
-    compute, zero3, offload = cost_at(curve, t.micro_batch, t.grad_accum, shard_params)
-    return {
-        "compute": compute,
-        "zero3": zero3,
-        "offload": offload,
-        "total": compute + zero3 + offload,
-    }
-
-
-class CostCurve(NamedTuple):
-    """The cost model with everything but (b, m, shard) folded in: the planner evaluates it
-    for thousands of micro-batch sizes with a few multiplications each."""
-
-    base: float  # compute seconds at unit efficiency, recompute factor included
-    small_batch: float  # small_batch_tokens / s
-    bubble: float  # (PP - 1) / VPP
-    zero3_per_m: float
-    offload_per_shard: float
-    offload_per_m: float
-
-
-def cost_curve(
-    cm: CostModel,
-    pp: int,
-    vpp: int,
-    dp: int,
-    world: int,
     seq: int,
-    recompute: str,
-    zero: int,
-    off_opt: bool,
-    off_par: bool,
-    active: int,
-    gpu_params: int,
-    global_batch: int,
-    wbytes: int,
-    gbytes: int,
-) -> CostCurve:
-    tokens_per_gpu = global_batch * seq / world
-    base = 6.0 * active * tokens_per_gpu / (cm.peak_flops * cm.mfu) * RECOMPUTE_FACTOR[recompute]
-    zero3 = (
-        2 * gpu_params * wbytes * (dp - 1) / dp / cm.dp_bandwidth if zero == 3 and dp > 1 else 0.0
+    act_bytes_per_seq: int,
+    dense_params: int,
+    expert_params: int,
+    precision: Precision,
+    imbalance: float = 1.0,
+    recompute: RecomputeSpec = DEFAULT_RECOMPUTE,
+    framework: str = "megatron",
+) -> LayoutCost:
+    """Fold everything that depends only on the layout (``act_bytes_per_seq``: the stored
+    activations of the largest device at b = 1, from the memory model). The slowest device sets
+    the pace: the one with the most compute, MoE token handling and layer traffic (an even
+    split that leaves the last stage one layer and the head can make the head's stage lighter
+    than the others)."""
+    works = device_work(m, layout, seq, imbalance)
+    lk = links(topo, layout, cm.nvlink_efficiency, cm.nic_efficiency)
+    fp8 = cm.compute_dtype == "fp8" and topo.fp8_flops is not None
+    gemm_rate = topo.bf16_flops * cm.gemm_efficiency
+    if fp8 and topo.fp8_flops is not None:
+        gemm_rate = topo.fp8_flops * cm.fp8_gemm_efficiency
+    core_rate = topo.bf16_flops * cm.attention_efficiency
+    dedup = _dedup(m, lk) if cm.ep_dispatch == "dedup" else 1.0
+    act = precision.activations if precision.activations < 4 else 2
+    slot_s = m.hidden * cm.moe_slot_seconds
+    rates = (gemm_rate, core_rate, slot_s)
+    w, comm = _slowest(m, layout, works, seq, lk, (act, 1 if fp8 else act, dedup), rates)
+    elem = cm.elementwise_passes * act_bytes_per_seq / topo.hbm_bytes_per_s
+    moe = w.slots * slot_s
+    dual = layout.schedule == "dualpipe" and layout.pp > 1
+    sm = cm.comm_sm_fraction
+    hide = (tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap)
+    modules, method, n_layers = recompute
+    chunks = layout.vpp if layout.schedule == "interleaved" else 1
+    per_chunk = w.layers / chunks if w.layers else 1.0
+    full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
+    g_none, c_none = w.fwd_bwd("none")
+    g0, c0 = g_none / gemm_rate, c_none / core_rate
+    rc_parts: dict[Recompute, RcPart] = {}
+    for rc in RECOMPUTE_LEVELS:
+        g, c = w.fwd_bwd(rc, modules, full)
+        gemm, core = g / gemm_rate, c / core_rate
+        traffic = (comm.tp[rc], comm.ep[rc], comm.cp[rc], comm.pp)
+        shown = [(t, h) for t, h in zip(traffic, hide, strict=True)]
+        overlapped = 0.0  # traffic that rides another micro-batch's compute
+        if dual:  # DualPipe: EP and PP ride its overlapped forward/backward chunks
+            shown[1], shown[3] = (0.0, 0.0), (0.0, 0.0)
+            overlapped = traffic[1] + traffic[3]
+        elif cm.ep_overlap:  # the all-to-all of one micro-batch behind another's compute
+            shown[1] = (0.0, 0.0)
+            overlapped = traffic[1]
+        exposed = sum(t * (1 - h) + sm * t * h for t, h in shown)
+        total = gemm + core + elem + moe
+        extra = max(0.0, gemm + core - g0 - c0)
+        rc_parts[rc] = RcPart(
+            seq=total,
+            exposed=exposed,
+            dual=overlapped,
+            fwd_share=(g0 + c0) / 3 / total if total else 0.0,
+            parts=(g0, c0, elem, moe, extra),
+            traffic=traffic,
+        )
+    gb, wb = precision.gradients, precision.weights
+    zero_parts = {}
+    bw_d, bw_e = lk.dp.bytes_per_s, lk.edp.bytes_per_s
+    for z in (0, 1, 2, 3):
+        dense = dp_bytes(layout.dp * layout.cp, dense_params, z, gb, wb)
+        expert = dp_bytes(layout.edp, expert_params, z, gb, wb)
+        g, p, gm, pm = (d / bw_d + e / bw_e for d, e in zip(dense, expert, strict=True))
+        zero_parts[z] = (g, p, gm, pm)
+    params = dense_params + expert_params
+    # A micro-batch crosses one of the two stages a DualPipe device holds: it reads half the
+    # device's weights (the work in ``device_work`` is the mean of the two stages likewise).
+    read = params / 2 if dual else params
+    return LayoutCost(
+        rc=rc_parts,
+        zero=zero_parts,
+        weight_reads=3 * read * (1 if fp8 else wb) / topo.hbm_bytes_per_s,
+        bubble=bubble(layout),
+        params=params,
+        hbm=topo.hbm_bytes_per_s,
+        host=topo.host_bytes_per_s,
+        cores_per_gpu=topo.cores_per_gpu,
+        lk=lk,
     )
-    per_shard = (gbytes + wbytes) / cm.pcie_bandwidth + 1.0 / cm.cpu_adam_rate if off_opt else 0.0
-    per_m = 2 * gpu_params * wbytes / cm.pcie_bandwidth if off_par else 0.0
-    return CostCurve(base, cm.small_batch_tokens / seq, (pp - 1) / vpp, zero3, per_shard, per_m)
 
 
-def cost_at(c: CostCurve, b: int, m: int, shard: int) -> tuple[float, float, float]:
-    """(compute, zero3, offload) seconds for micro-batch ``b`` and ``m`` micro-batches."""
-    compute = c.base * (1.0 + c.small_batch / b) * (1.0 + c.bubble / m)
-    return compute, c.zero3_per_m * m, c.offload_per_shard * shard + c.offload_per_m * m
+def _slowest(
+    m: ModelSpec,
+    layout: Layout,
+    works: tuple[DeviceWork, ...],
+    seq: int,
+    lk: Links,
+    sizes: tuple[int, int, float],
+    rates: tuple[float, float, float],
+) -> tuple[DeviceWork, SeqComm]:
+    """The device that sets the pace, by compute, MoE token handling and layer traffic, and
+    its traffic (devices of the same make-up share the traffic computation)."""
+    gemm_rate, core_rate, slot_s = rates
+    seen: dict[tuple[float, float, float], SeqComm] = {}
+    best: tuple[float, DeviceWork, SeqComm] | None = None
+    for x in works:
+        key = (x.layers, x.moe_layers, x.slots)
+        c = seen.get(key)
+        if c is None:
+            c = seen[key] = seq_comm(m, layout, x, seq, lk, *sizes)
+        pace = x.gemm / gemm_rate + x.core / core_rate + x.slots * slot_s
+        pace += c.tp["none"] + c.ep["none"]
+        if best is None or pace > best[0]:
+            best = (pace, x, c)
+    assert best is not None  # a layout has at least one device
+    return best[1], best[2]
+
+
+def _dedup(m: ModelSpec, lk: Links) -> float:
+    """Cross-node copies per token with one copy per node, relative to one per expert: with
+    ``k`` experts spread uniformly over ``N`` nodes a token reaches ``(N-1)(1-(1-1/N)^k)``
+    other nodes on average instead of sending ``k(1-1/N)`` copies."""
+    if m.moe is None or lk.ep.intra:
+        return 1.0
+    n, k = lk.ep.nodes, m.moe.top_k
+    return (n - 1) * (1 - (1 - 1 / n) ** k) / (k * (1 - 1 / n))
+
+
+def bubble(layout: Layout) -> float:
+    """Pipeline fill and drain, in micro-batches of work on the slowest device."""
+    pp = layout.pp
+    if pp == 1:
+        return 0.0
+    if layout.schedule == "dualpipe":
+        return (pp / 2 - 1) * 2 / 3
+    vpp = layout.vpp if layout.schedule == "interleaved" else 1
+    return (pp - 1) / vpp

@@ -70,6 +70,12 @@ class GpuSpec(BaseModel):
         "128e9): what offloaded states cross"
     )
     system: ReferenceSystem
+    hbm_bytes_per_s: float | None = Field(
+        default=None,
+        description="device memory bandwidth, bytes/s (datasheet): what "
+        "memory-bound kernels and small micro-batches run at (the planner's step-time model)",
+    )
+    hbm_source: str = Field(default="", description="where the memory bandwidth was read")
     compute_source: str = Field(description="where FLOP/s and link figures were read")
     unverified: tuple[str, ...] = Field(
         default=(),

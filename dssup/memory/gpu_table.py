@@ -587,3 +587,55 @@ GPU_TABLE: tuple[GpuSpec, ...] = (
         notes="amd.com/gpu.vram=192G from the ROCm node labeller.",
     ),
 )
+
+# Device memory bandwidth (datasheet, bytes/s), added for the planner's step-time model.
+_HPCTECH = "https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html (H100 datasheet table)"
+_HBM: dict[str, tuple[float, str]] = {
+    "V100-SXM2-16GB": (900 * G, _NONE),
+    "V100-SXM2-32GB": (900 * G, _NONE),
+    "V100-PCIe-16GB": (900 * G, _NONE),
+    "V100-PCIe-32GB": (900 * G, _NONE),
+    "A100-SXM4-40GB": (1555 * G, _NONE),
+    "A100-SXM4-80GB": (2039 * G, _NONE),
+    "A100-PCIe-40GB": (1555 * G, _NONE),
+    "A100-PCIe-80GB": (1935 * G, _NONE),
+    "A800-SXM4-80GB": (2039 * G, _NONE),
+    "A800-PCIe-80GB": (1935 * G, _NONE),
+    "H100-SXM-80GB": (3350 * G, _HPCTECH),
+    "H100-PCIe-80GB": (2000 * G, _HPCTECH),
+    "H100-NVL-94GB": (3900 * G, _NONE),
+    "H800-SXM-80GB": (3350 * G, _NONE),
+    "H20-96GB": (4000 * G, _NONE),
+    "H200-SXM-141GB": (4800 * G, _NONE),
+    "H200-NVL-141GB": (4800 * G, _NONE),
+    "GH200-480GB": (4000 * G, _NONE),
+    "B200-180GB": (8000 * G, _NONE),
+    "GB200-186GB": (8000 * G, _NONE),
+    "L4-24GB": (300 * G, _NONE),
+    "L40-48GB": (864 * G, _NONE),
+    "L40S-48GB": (864 * G, _NONE),
+    "T4-16GB": (320 * G, _NONE),
+    "A10-24GB": (600 * G, _NONE),
+    "A10G-24GB": (600 * G, _NONE),
+    "MI250X-GCD-64GB": (1638 * G, _NONE),
+    "MI300X-192GB": (5300 * G, _NONE),
+    # RTX PRO 6000 Blackwell, every edition: 1792 GB/s GDDR7 (NVIDIA's product page figure)
+    **{
+        f"RTX-PRO-6000-Blackwell-{edition}-96GB": (1792 * G, _NONE)
+        for edition in ("Server", "Workstation")
+    },
+}
+
+
+def _with_hbm(spec: GpuSpec) -> GpuSpec:
+    """A row added without a bandwidth keeps none: the planner then asks for ``--hbm-tbs``."""
+    if spec.name not in _HBM:
+        return spec
+    bw, src = _HBM[spec.name]
+    unverified = spec.unverified + (("hbm_bytes_per_s",) if src == _NONE else ())
+    return spec.model_copy(
+        update={"hbm_bytes_per_s": bw, "hbm_source": src, "unverified": unverified}
+    )
+
+
+GPU_TABLE = tuple(_with_hbm(spec) for spec in GPU_TABLE)

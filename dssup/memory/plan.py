@@ -13,23 +13,27 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.core import PreparedDevice, States, device_in_flight, prepare, states, tails
-from dssup.memory.cost import CostModel, cost_at, cost_curve, step_cost
+from dssup.memory.cost import CostModel, LayoutCost
+from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
+from dssup.memory.layouts import search_layouts
 from dssup.memory.offload import host_states, with_overhead
 from dssup.memory.params import model_total
 from dssup.memory.schedule import check_micro_batches
 from dssup.memory.spec import ModelSpec
+from dssup.memory.steptime import fold_layout, recompute_spec
+from dssup.memory.topology import Topology, default_topology
 from dssup.memory.traced import TracedProfile
 from dssup.memory.traced_device import traced_device, traced_in_flight
 from dssup.memory.traced_stage import TracedStage, check_profile, without_untraced_mtp
-from dssup.memory.validate import divisors, validate
+from dssup.memory.validate import check_split, divisors, validate
 
 __all__ = ["Candidate", "PlanRequest", "PlanResult", "plan"]
 
@@ -51,11 +55,29 @@ class PlanRequest(BaseModel):
     recompute: tuple[Recompute, ...] = RECOMPUTE_LEVELS
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     allow_offload: bool = Field(True, description="consider optimizer and parameter offload")
-    search_parallelism: bool = Field(False, description="also vary TP, PP and EP")
+    search_parallelism: bool = Field(
+        False,
+        description="also vary TP, PP, EP and the pipeline schedule (1F1B, interleaved "
+        "VPP, DualPipe for MoE models)",
+    )
+    fixed: tuple[Literal["tp", "pp", "ep", "schedule", "vpp"], ...] = Field(
+        (), description="layout fields the parallelism search keeps as given in ``layout``"
+    )
+    offloads: tuple[Literal["none", "optimizer", "both"], ...] | None = Field(
+        None, description="offload choices to consider; None: all when allow_offload"
+    )
     max_tp: int = Field(8, ge=1, description="largest TP to consider (one node)")
+    max_vpp: int = Field(
+        32, ge=1, description="largest virtual-pipeline size the search tries (interleaved)"
+    )
     micro_batches: tuple[int, ...] | None = Field(None, description="None = every divisor")
     margin: float = Field(0.05, ge=0, lt=1, description="fraction of GPU memory kept free")
-    cost: CostModel = Field(default_factory=CostModel)
+    cost: CostModel = Field(default_factory=CostModel, description="step-time model settings")
+    topology: Topology | None = Field(
+        None,
+        description="GPUs, links and hosts the step time is for; None: an H100 DGX node "
+        "from the GPU table, with a warning",
+    )
     limit: int = Field(50, ge=1, description="most candidates returned")
     host_memory_bytes: int | None = Field(
         None, gt=0, description="host memory per node, bytes; None = not checked"
@@ -74,8 +96,13 @@ class Candidate(BaseModel):
     phase: str
     fits: bool
     headroom_bytes: int
-    step_time_s: float
-    cost_terms: dict[str, float]
+    step_time_s: float = Field(description="predicted seconds per optimizer step")
+    cost_terms: dict[str, float] = Field(
+        description="the step time by term, seconds; 'total' is their sum (docs/step-time.md)"
+    )
+    traffic: dict[str, float] = Field(
+        default_factory=dict, description="seconds of each communication per step before overlap"
+    )
     host_bytes_per_node: int = Field(
         0, description="gpus_per_node x the largest per-GPU host need (offload, model build)"
     )
@@ -87,6 +114,11 @@ class PlanResult(BaseModel):
     evaluated: int = Field(description="configs whose memory was computed")
     fitting: int = Field(description="configs that fit (before the limit)")
     closest: Candidate | None = Field(description="smallest peak among those that do not fit")
+    closest_fits_gpu: bool = Field(
+        False, description="the closest config fits the GPU and misses only the margin"
+    )
+    topology: Topology = Field(description="the hardware the step times were computed for")
+    warnings: list[str] = Field(default_factory=list, description="inputs that were missing")
     host_limited: int = Field(0, description="configs that fit the GPU but not the host memory")
     host_limited_bytes: int | None = Field(
         None, description="smallest host need per node among the host-limited configs"
@@ -109,40 +141,63 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
             )
         yield base.model_copy(update={"dp": world // mp})
         return
-    eps = divisors(m.moe.n_routed) if m.moe else [1]
-    for tp in (d for d in divisors(world, req.max_tp) if d & (d - 1) == 0):
-        for pp in divisors(world // (tp * base.cp), m.layers):
-            dp = world // (tp * pp * base.cp)
-            for ep in eps:
-                if (tp * base.cp * dp) % (ep * base.etp):
-                    continue
-                yield base.model_copy(
-                    update={
-                        "tp": tp,
-                        "pp": pp,
-                        "dp": dp,
-                        "ep": ep,
-                        "layers_per_stage": None if pp != base.pp else base.layers_per_stage,
-                    }
-                )
+    if base.layers_per_stage is not None:  # else every layout of its PP is skipped unseen
+        check_split(m, base.layers_per_stage)
+        if world % (base.pp * base.cp):
+            raise ConfigError(
+                "layers_per_stage",
+                f"its {base.pp} pipeline stages (cp {base.cp}) do not divide {world} GPUs",
+                "give one layer count per stage of a PP that divides the GPU count",
+            )
+    dualpipe = req.training.framework == "deepseek"
+    yield from search_layouts(m, base, world, req.max_tp, req.max_vpp, req.fixed, dualpipe)
 
 
-def _groups(devices: list[PreparedDevice], layout: Layout) -> list[PreparedDevice]:
+def _groups(
+    devices: list[PreparedDevice],
+    layout: Layout,
+    dual: dict[int, dict[Recompute, int]] | None = None,
+) -> list[PreparedDevice]:
     """One device per kind. 1F1B: devices with equal parameters and activations peak at the
-    lowest index (it holds the most in-flight micro-batches); DualPipe: ranks i and PP-1-i
-    hold the same two stages with the same counts; interleaved: every rank differs."""
+    lowest index (it holds the most in-flight micro-batches); DualPipe: devices with equal
+    parameters, in-flight bytes (stage j keeps PP - j micro-batches, so two middle stages of
+    the same size add up alike on every rank), working sets and edge stages are one kind;
+    interleaved: every rank differs. ``dual`` receives each DualPipe device's in-flight bytes
+    per recompute level (by ``id``), which its rows reuse."""
     if layout.schedule == "interleaved" and layout.pp > 1:
         return devices
     seen: dict[tuple[object, ...], PreparedDevice] = {}
     for dev in devices:
         if layout.schedule == "dualpipe":
-            key: tuple[object, ...] = tuple(sorted(st.index for st in dev.stages))
+            key: tuple[object, ...] = _dual_kind(dev, layout, dual)
         else:
             st = dev.stages[0]
             key = (dev.split, tuple(sorted(st.acts.items())), dev.largest_layer)
             key += (tuple(sorted(st.work.items())), st.params.embedding * st.params.first)
         seen.setdefault(key, dev)
     return list(seen.values())
+
+
+def _dual_kind(
+    dev: PreparedDevice, layout: Layout, dual: dict[int, dict[Recompute, int]] | None
+) -> tuple[object, ...]:
+    """What a DualPipe device's rows read: parameters, in-flight bytes per recompute level,
+    working sets, constants and which edge stages it holds (eager moments: every rank)."""
+    if any(st.moments for st in dev.stages):
+        return (dev.index,)
+    by_rc = {rc: device_in_flight(dev, layout, rc, 2 * layout.pp)[0] for rc in RECOMPUTE_LEVELS}
+    if dual is not None:
+        dual[id(dev)] = by_rc
+    acts = tuple(by_rc.values())
+    edges = tuple(sorted((st.params.first, st.params.last) for st in dev.stages))
+    return (
+        dev.split,
+        dev.largest_layer,
+        acts,
+        tuple(sorted(dev.works.items())),
+        tuple(sorted(dev.consts.items())),
+        edges,
+    )
 
 
 def _valid_accumulation(layout: Layout, m: int) -> bool:
@@ -153,16 +208,9 @@ def _valid_accumulation(layout: Layout, m: int) -> bool:
     return True
 
 
-def _active_params(m: ModelSpec) -> int:
-    total = model_total(m, "megatron")
-    if m.moe is None:
-        return total
-    inactive = (m.moe.n_routed - m.moe.top_k) * 3 * m.hidden * m.moe.expert_ffn
-    return total - inactive * m.moe_layer_count
-
-
+_OFFLOAD = {"none": (False, False), "optimizer": (True, False), "both": (True, True)}
 _Key = tuple[int, int, bool, bool, Recompute]
-_Hit = tuple[float, int, Layout, _Key, int, str, int, int, int, int]
+_Hit = tuple[float, int, Layout, _Key, int, str, int, CostCurve, int]
 
 
 class _Row(NamedTuple):
@@ -194,11 +242,25 @@ def _monotone(table: dict[int, int], micro: list[int], rows: int) -> bool:
     return all(x <= y for x, y in itertools.pairwise(seq))
 
 
-class _Search:
-    """The inner loop: integer arithmetic only, identical to ``estimate``'s."""
+class _Lazy:
+    """A layout's ``LayoutCost``, folded only if one of its configs fits (most do not)."""
 
-    def __init__(self, req: PlanRequest) -> None:
+    __slots__ = ("curves", "groups", "value")
+
+    def __init__(self, groups: list[PreparedDevice]) -> None:
+        self.groups = groups
+        self.value: LayoutCost | None = None
+        self.curves: dict[tuple[Recompute, int, bool, bool, int], CostCurve] = {}
+
+
+class _Search:
+    """The inner loop: integer arithmetic only, identical to ``estimate``'s; the step time is
+    ``cost_at`` on a curve folded once per (layout, ZeRO, offload, recompute)."""
+
+    def __init__(self, req: PlanRequest, topo: Topology, allow_offload: bool) -> None:
         self.req = req
+        self.topo = topo
+        self.allow_offload = allow_offload
         self.ov = req.overheads or Overheads()
         self.r: Resolved = resolve(req.convention, req.training, self.ov)
         # Eager frameworks checkpoint whole layers only: no selective level to search.
@@ -206,7 +268,16 @@ class _Search:
         self.levels = tuple(rc for rc in req.recompute if not (eager and rc == "selective"))
         self.levels = _traced_levels(req, self.levels)
         self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
-        self.active = _active_params(req.model)
+        kinds = req.offloads or (("none", "optimizer", "both") if allow_offload else ("none",))
+        if not allow_offload:
+            kinds = tuple(k for k in kinds if k == "none")
+        self.offloads = [_OFFLOAD[k] for k in kinds]
+        self._knob_cache: dict[tuple[int, bool, bool, int | None], Training] = {}
+        self.layouts = 0  # layouts whose configs were evaluated
+        # in-flight bytes per device of the current layout (they do not depend on ZeRO/offload)
+        self._dual: dict[int, dict[Recompute, int]] = {}
+        self._tables: dict[tuple[int, int, int], dict[Recompute, dict[int, int]]] = {}
+        self.skipped: list[Layout] = []  # layouts no micro-batch choice could run
         self.evaluated = 0
         self.fitting: list[_Hit] = []
         self.closest: _Hit | None = None
@@ -216,6 +287,62 @@ class _Search:
         self.gpu_fits = 0
         self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
+    def _layout_cost(self, layout: Layout, groups: list[PreparedDevice]) -> LayoutCost:
+        """Step-time figures of ``layout`` (the same folding ``step_time`` uses)."""
+        req = self.req
+        seq = req.training.seq_len
+        imb = req.training.moe_imbalance
+        return fold_layout(
+            req.cost,
+            self.topo,
+            req.model,
+            layout,
+            seq,
+            groups,
+            self.r.precision,
+            imb,
+            recompute_spec(self.r),
+            self.r.framework,
+        )
+
+    def _knobs(self, zero: int, off_opt: bool, off_par: bool, accum: int | None) -> Training:
+        """The base training with one (ZeRO, offload) choice and, where the framework needs
+        it, the accumulation regime (made once per plan)."""
+        key = (zero, off_opt, off_par, accum)
+        knobs = self._knob_cache.get(key)
+        if knobs is None:
+            update: dict[str, object] = {
+                "zero_stage": zero,
+                "offload_optimizer": off_opt,
+                "offload_params": off_par,
+            }
+            if accum is not None:
+                update["grad_accum"] = accum
+            knobs = self.req.training.model_copy(update=update)
+            self._knob_cache[key] = knobs
+        return knobs
+
+    def _curve(
+        self,
+        layout: Layout,
+        lc: _Lazy,
+        rc: Recompute,
+        zero: int,
+        off_opt: bool,
+        off_par: bool,
+        shard: int,
+    ) -> CostCurve:
+        key = (rc, zero, off_opt, off_par, shard)
+        curve = lc.curves.get(key)
+        if curve is None:  # the probe's curve is asked for again by the full sweep
+            if lc.value is None:
+                lc.value = self._layout_cost(layout, lc.groups)
+            curve = cost_curve(
+                self.req.cost, lc.value, rc, zero, off_opt, off_par, shard, self.r.precision
+            )
+            lc.curves[key] = curve
+        return curve
+
     def layout(self, layout: Layout) -> None:
         req, r = self.req, self.r
         try:
@@ -224,14 +351,18 @@ class _Search:
             if req.search_parallelism:
                 return
             raise
-        groups = _groups(prepare(req.model, layout, req.training, req.convention, r), layout)
-        gpu_params = max(g.split.total for g in groups)
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
         micro = [b for b in micro if _valid_accumulation(layout, rows // b)]
         if not micro:
+            self.skipped.append(layout)
             return
-        offloads = [(False, False)] + ([(True, False), (True, True)] if req.allow_offload else [])
+        self.layouts += 1
+        self._dual.clear()  # keyed by the devices of this layout
+        self._tables.clear()
+        devices = prepare(req.model, layout, req.training, req.convention, r)
+        groups = _groups(devices, layout, self._dual)
+        lc = _Lazy(groups)  # the layout's step-time figures, on its first config that fits
         # Frameworks that free gradients between steps hold them in forward/backward only when
         # accumulating: the single-micro-batch config (m = 1) is swept on its own.
         split = req.convention == "megatron" and (
@@ -243,39 +374,32 @@ class _Search:
         elif split:  # every config accumulates (m = 1 is not a valid schedule here)
             parts = [(micro, 2)]
         for zero in req.zero_stages:
-            for off_opt, off_par in offloads:
+            for off_opt, off_par in self.offloads:
                 if off_par and zero != 3:
                     continue
                 for part, accum in parts:
-                    update: dict[str, object] = {
-                        "zero_stage": zero,
-                        "offload_optimizer": off_opt,
-                        "offload_params": off_par,
-                    }
-                    if accum is not None:
-                        update["grad_accum"] = accum
-                    knobs = req.training.model_copy(update=update)
-                    self._configs(layout, groups, knobs, part, rows, gpu_params)
+                    knobs = self._knobs(zero, off_opt, off_par, accum)
+                    self._configs(layout, groups, lc, knobs, part, rows)
 
     def _configs(
         self,
         layout: Layout,
         groups: list[PreparedDevice],
+        lc: _Lazy,
         knobs: Training,
         micro: list[int],
         rows: int,
-        gpu_params: int,
     ) -> None:
         """Every (recompute, micro-batch) of one (ZeRO, offload) choice."""
         zero, off_opt, off_par = knobs.zero_stage, knobs.offload_optimizer, knobs.offload_params
         deepest = max(self.levels, key=RECOMPUTE_LEVELS.index)
         rows_st = self._rows(layout, groups, knobs, micro)
+        key = (zero, off_opt, off_par, max(g.shard for g in rows_st))
         # Probe the least memory-hungry config (most recompute, smallest micro-batch):
         # every other one of this (ZeRO, offload) needs at least as much, so if it does
         # not fit none does, and all are decided exactly without being swept.
         before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
-        args = (rows, gpu_params)
-        self._sweep(layout, rows_st, zero, off_opt, off_par, deepest, micro[:1], *args)
+        self._sweep(layout, rows_st, lc, key, deepest, micro[:1], rows)
         if self.gpu_fits == gpu_fits:
             self.evaluated += len(self.levels) * len(micro) - 1
             return
@@ -283,25 +407,24 @@ class _Search:
         self.gpu_fits, self.host_limited = gpu_fits, limited
         self.evaluated -= 1
         for rc in self.levels:
-            self._sweep(layout, rows_st, zero, off_opt, off_par, rc, micro, *args)
+            self._sweep(layout, rows_st, lc, key, rc, micro, rows)
 
     def _sweep(
         self,
         layout: Layout,
         rows_st: list[_Row],
-        zero: int,
-        off_opt: bool,
-        off_par: bool,
+        lc: _Lazy,
+        choice: tuple[int, bool, bool, int],
         rc: Recompute,
         micro: list[int],
         rows: int,
-        gpu_params: int,
     ) -> None:
         """All micro-batch sizes for one (ZeRO, offload, recompute): the hot loop."""
         if rows_st[0].traced is not None:  # a traced profile: the replay, not linear terms
-            self._traced_sweep(layout, rows_st, zero, off_opt, off_par, rc, micro, rows, gpu_params)
+            self._traced_sweep(layout, rows_st, lc, choice, rc, micro, rows)
             return
         r, ov = self.r, self.ov
+        zero, off_opt, off_par, shard = choice
         frag, extra, budget = (
             r.fragmentation,
             r.cuda_context_bytes + ov.calibration_bytes,
@@ -324,24 +447,7 @@ class _Search:
         monotone = rows_st[0].table is None or all(
             _monotone(g.table[rc], micro, rows) for g in rows_st if g.table is not None
         )
-        req = self.req
-        curve = cost_curve(
-            req.cost,
-            layout.pp,
-            layout.vpp,
-            layout.dp,
-            layout.world_size,
-            req.training.seq_len,
-            rc,
-            zero,
-            off_opt,
-            off_par,
-            self.active,
-            gpu_params,
-            req.global_batch,
-            r.precision.weights,
-            r.precision.gradients,
-        )
+        curve: CostCurve | None = None  # folded on the first config that fits
         fitting = self.fitting
         host_1, host_m = self._host
         host_budget = self.host_budget
@@ -368,15 +474,16 @@ class _Search:
                     if self.host_limited_bytes is None or host < self.host_limited_bytes:
                         self.host_limited_bytes = host
                     continue
-                seconds = sum(cost_at(curve, b, m, row.shard))
+                if curve is None:
+                    curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
                 fitting.append(
-                    (seconds, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host)
+                    (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve, host)
                 )
                 continue
             if self.closest is None or total < self.closest[1]:
-                self.closest = (
-                    0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host
-                )  # fmt: skip
+                if curve is None:
+                    curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
+                self.closest = (0.0, total, layout, key, row.stage, phase, m, curve, host)
             # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
             # rows)), so every larger micro-batch is decided too: it does not fit either
             # (interleaved tables are checked to grow too, else the sweep goes on).
@@ -390,33 +497,26 @@ class _Search:
         self,
         layout: Layout,
         rows_st: list[_Row],
-        zero: int,
-        off_opt: bool,
-        off_par: bool,
+        lc: _Lazy,
+        choice: tuple[int, bool, bool, int],
         rc: Recompute,
         micro: list[int],
         rows: int,
-        gpu_params: int,
     ) -> None:
         """``_sweep`` for a traced profile: each device's peak from its replay, exactly as
         ``estimate`` computes it; slower than the linear loop, the same answers."""
-        r, ov, req = self.r, self.ov, self.req
-        curve = cost_curve(
-            req.cost, layout.pp, layout.vpp, layout.dp, layout.world_size, req.training.seq_len,
-            rc, zero, off_opt, off_par, self.active, gpu_params, req.global_batch,
-            r.precision.weights, r.precision.gradients,
-        )  # fmt: skip
+        r, ov = self.r, self.ov
+        zero, off_opt, off_par, shard = choice
         host_1, host_m = self._host
+        curve: CostCurve | None = None
         for b in micro:
             m = rows // b
             best, row, fb_best, opt_best = -1, rows_st[0], 0, 0
             for g in rows_st:
                 assert g.traced is not None and g.device is not None  # every traced row has them
-                ts = g.traced[rc]
-                fb = (
-                    g.base_fb + ts.forward_backward(b, traced_in_flight(g.device, layout, rc, m))[0]
-                )
-                opt = g.opt + ts.batch(b)
+                n = traced_in_flight(g.device, layout, rc, m)
+                fb = g.base_fb + g.traced[rc].forward_backward(b, n)[0]
+                opt = g.opt + g.traced[rc].batch(b)
                 if max(fb, opt) > best:
                     best, row, fb_best, opt_best = max(fb, opt), g, fb, opt
             total = best + math.ceil(best * r.fragmentation) + r.cuda_context_bytes
@@ -424,19 +524,21 @@ class _Search:
             phase = "forward-backward" if fb_best >= opt_best else "optimizer-step"
             key = (zero, b, off_opt, off_par, rc)
             host = host_1 if m == 1 else host_m
-            hit = (0.0, total, layout, key, row.stage, phase, m, row.shard, gpu_params, host)
             self.evaluated += 1
+            if curve is None:
+                curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
             if total > self.budget:
                 if self.closest is None or total < self.closest[1]:
-                    self.closest = hit
+                    self.closest = (0.0, total, layout, key, row.stage, phase, m, curve, host)
                 continue
             self.gpu_fits += 1
-            if host > self.host_budget:
+            if host > self.host_budget:  # fits the GPU, not the host: does not fit
                 self.host_limited += 1
                 if self.host_limited_bytes is None or host < self.host_limited_bytes:
                     self.host_limited_bytes = host
                 continue
-            self.fitting.append((sum(cost_at(curve, b, m, row.shard)), *hit[1:]))
+            hit = (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve, host)
+            self.fitting.append(hit)
 
     def _rows(
         self, layout: Layout, groups: list[PreparedDevice], knobs: Training, micro: list[int]
@@ -453,14 +555,27 @@ class _Search:
             host_1 = max(host_1, s.host, s.host_init)
             host_m = max(host_m, s.host_init, self._accumulating(s, knobs) if accum else s.host)
             acts, fixed, table = g.stages[0].acts, 1 if pp == 1 else 0, None
+            # In-flight bytes depend on the device and the micro-batches, not on the (ZeRO,
+            # offload) choice: computed once per layout (the planner's hot path).
             if sched == "dualpipe" and pp > 1:  # fixed counts: PP - j for each held stage j
-                acts = {rc: device_in_flight(g, layout, rc, 2 * pp)[0] for rc in RECOMPUTE_LEVELS}
-                fixed = 1
+                dual = self._dual.get(id(g))
+                if dual is None:
+                    dual = {
+                        rc: device_in_flight(g, layout, rc, 2 * pp)[0] for rc in RECOMPUTE_LEVELS
+                    }
+                    self._dual[id(g)] = dual
+                acts, fixed = dual, 1
             elif sched == "interleaved" and pp > 1:
-                table = {
-                    rc: {rows // b: device_in_flight(g, layout, rc, rows // b)[0] for b in micro}
-                    for rc in self.levels
-                }
+                key = (id(g), len(micro), micro[0])
+                table = self._tables.get(key)
+                if table is None:
+                    table = {
+                        rc: {
+                            rows // b: device_in_flight(g, layout, rc, rows // b)[0] for b in micro
+                        }
+                        for rc in self.levels
+                    }
+                    self._tables[key] = table
             out.append(
                 _Row(
                     g.index,
@@ -504,7 +619,7 @@ class _Search:
         return with_overhead(exact, self.ov.host_overhead)
 
     def candidate(self, hit: _Hit) -> Candidate:
-        _, total, layout, key, stage, phase, m, shard, gpu_params, host = hit
+        _, total, layout, key, stage, phase, m, curve, host = hit
         zero, b, off_opt, off_par, rc = key
         t = self.req.training.model_copy(
             update={
@@ -516,17 +631,7 @@ class _Search:
                 "offload_params": off_par,
             }
         )
-        cost = step_cost(
-            self.req.cost,
-            layout,
-            t,
-            self.active,
-            gpu_params,
-            shard,
-            self.req.global_batch,
-            self.r.precision.weights,
-            self.r.precision.gradients,
-        )
+        cost = cost_terms(curve, b, m)
         return Candidate(
             layout=layout,
             training=t,
@@ -537,8 +642,43 @@ class _Search:
             headroom_bytes=self.req.gpu_memory_bytes - total,
             step_time_s=cost["total"],
             cost_terms=cost,
+            traffic=traffic(curve, b, m),
             host_bytes_per_node=host,
         )
+
+
+def _nothing_to_search(req: PlanRequest, skipped: list[Layout]) -> ConfigError:
+    """Why no config could even be evaluated: a pinned micro-batch that divides nothing, a
+    schedule that refuses every accumulation count (``schedule.check_micro_batches``), or
+    pinned layout fields that leave no layout."""
+    if skipped:
+        lay = skipped[0]
+        rows = req.global_batch // lay.dp
+        micro = [b for b in (req.micro_batches or divisors(rows)) if rows % b == 0]
+        if not micro:
+            return ConfigError(
+                "micro_batch",
+                f"{(req.micro_batches or (0,))[0]} does not divide the {rows} sequences per DP "
+                "rank",
+                "pick a divisor of global batch / DP, or leave --micro-batch out",
+            )
+        try:
+            check_micro_batches(lay, rows // micro[0])
+        except ConfigError as exc:
+            return ConfigError("global_batch_size", exc.problem, exc.fix)
+    pins = ", ".join(f"--{f} {getattr(req.layout, f)}" for f in req.fixed)
+    if pins:
+        return ConfigError(
+            req.fixed[0],
+            f"no valid layout for {_world(req)} GPUs with {pins}",
+            "change or drop the pinned values (TP, PP, EP and VPP must divide the GPUs, heads, "
+            "layers and experts)",
+        )
+    return ConfigError(
+        "global_batch_size",
+        f"no layout of {_world(req)} GPUs has a DP that divides {req.global_batch}",
+        "use a global batch with more factors of two, or another GPU count",
+    )
 
 
 def _traced_levels(req: PlanRequest, levels: tuple[Recompute, ...]) -> tuple[Recompute, ...]:
@@ -557,16 +697,51 @@ def _traced_levels(req: PlanRequest, levels: tuple[Recompute, ...]) -> tuple[Rec
 
 
 def plan(req: PlanRequest) -> PlanResult:
-    """Every config in the search space that fits, ranked by the cost model (``cost.py``)."""
+    """Every config in the search space that fits, ranked by the step-time model (``cost.py``)."""
     prof = req.training.implementation
     if isinstance(prof, TracedProfile):
         model, _ = without_untraced_mtp(req.model, prof)
         check_profile(prof, model_total(model, "megatron"), next(iter(prof.levels)))
         req = req.model_copy(update={"model": model})
-    search = _Search(req)
+    warnings: list[str] = []
+    topo = req.topology
+    if topo is None:
+        topo = default_topology()
+        warnings.append(
+            f"no GPU given for the step-time model: ranking assumes {topo.gpu} "
+            f"({topo.gpus_per_node} GPUs per node); pass the GPU to rank for your machine"
+        )
+    if req.cost.compute_dtype == "fp8" and topo.fp8_flops is None:
+        raise ConfigError(
+            "compute_dtype",
+            f"{topo.gpu} has no FP8 tensor cores",
+            "use --compute-dtype bf16 (or a GPU with FP8, e.g. H100)",
+        )
+    if req.offloads and set(req.offloads) - {"none"} and topo.host_cpu_cores is None:
+        raise ConfigError(
+            "host_cores",
+            f"offload was asked for but the host CPU cores per node of {topo.gpu} are unknown",
+            "pass --host-cores N (physical cores per node) so CPU Adam can be timed",
+        )
+    allow_offload = req.allow_offload
+    if allow_offload and topo.host_cpu_cores is None:
+        allow_offload = False
+        warnings.append(
+            f"CPU offload not considered: host CPU cores per node unknown for {topo.gpu} "
+            "(pass --host-cores N to rank offload)"
+        )
+    search = _Search(req, topo, allow_offload)
     for layout in _layouts(req):
         if req.global_batch % layout.dp == 0:
             search.layout(layout)
+        elif not req.search_parallelism:
+            raise ConfigError(
+                "global_batch_size",
+                f"{req.global_batch} is not a multiple of DP = {layout.dp}",
+                f"use a multiple of {layout.dp} (DP = GPUs / (tp * pp * cp))",
+            )
+    if not search.layouts:
+        raise _nothing_to_search(req, search.skipped)
     search.fitting.sort(key=lambda row: (row[0], row[1]))
     chosen = [search.candidate(hit) for hit in search.fitting[: req.limit]]
     closest = None
@@ -577,6 +752,9 @@ def plan(req: PlanRequest) -> PlanResult:
         evaluated=search.evaluated,
         fitting=len(search.fitting),
         closest=closest,
+        closest_fits_gpu=closest is not None and closest.peak_bytes <= req.gpu_memory_bytes,
+        topology=topo,
+        warnings=warnings,
         host_limited=search.host_limited,
         host_limited_bytes=search.host_limited_bytes,
     )

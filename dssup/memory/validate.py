@@ -12,7 +12,7 @@ from dssup.memory.defaults import Resolved
 from dssup.memory.schedule import check_micro_batches
 from dssup.memory.spec import ModelSpec
 
-__all__ = ["divisors", "validate"]
+__all__ = ["check_split", "divisors", "validate"]
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
@@ -84,12 +84,7 @@ def _check_pp(m: ModelSpec, layout: Layout) -> None:
             f"use at most {m.layers} pipeline stages (pp*vpp with interleaving)",
         )
     split = layout.layers_per_stage
-    if split is not None and sum(split) != m.layers:
-        raise ConfigError(
-            "layers_per_stage",
-            f"sums to {sum(split)}, the model has {m.layers} layers",
-            "make the per-stage counts add up to the number of layers",
-        )
+    check_split(m, split)
     if layout.vpp > 1 and split is None and m.layers % (layout.pp * layout.vpp):
         raise ConfigError(
             "vpp",
@@ -170,6 +165,16 @@ def _check_framework(m: ModelSpec, layout: Layout, t: Training, r: Resolved) -> 
             "pp",
             "transformers (Trainer, accelerate) trains without pipeline parallelism",
             "use --pp 1, or --framework deepspeed/megatron",
+        )
+
+
+def check_split(m: ModelSpec, split: tuple[int, ...] | None) -> None:
+    """A given layer split must place every layer of the model."""
+    if split is not None and sum(split) != m.layers:
+        raise ConfigError(
+            "layers_per_stage",
+            f"sums to {sum(split)}, the model has {m.layers} layers",
+            "make the per-stage counts add up to the number of layers",
         )
 
 

@@ -28,6 +28,7 @@ from dssup.memory import (
 )
 from dssup.memory import estimate as estimate_memory
 from dssup.memory import plan as plan_memory
+from dssup.memory.topology import Topology
 from dssup.supervisor.adapters import RemedyContext
 from dssup.supervisor.models import Failure, FailureKind, Remedy, TrainingPlan
 
@@ -82,6 +83,7 @@ class ModelStep:
     base: Training
     gpu_memory_bytes: int
     margin: float = 0.05
+    topology: Topology | None = None  # the GPU the step times are for; None: an H100 node
     calibration_bytes: int = 0
     name: str = "memory-model"
     history: list[int] = field(default_factory=list)
@@ -133,6 +135,7 @@ class ModelStep:
             zero_stages=zero,
             allow_offload="offload" in ctx.capabilities,
             margin=self.margin,
+            topology=self.topology,
             limit=200,
         )
         result = plan_memory(req)

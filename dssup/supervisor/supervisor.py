@@ -6,49 +6,30 @@ what is left of the attempt it lost (found by the attempt's token), records that
 interrupted, and relaunches the same plan from the latest complete checkpoint. Unknown
 failures are retried with exponential backoff by tenacity; OOMs go to the remedy ladder; user
 errors and exhausted budgets end the run with the child's status.
+
+This module holds the decisions; running one attempt and recording it is
+``attempt_cycle.py``, the shared fields and helpers ``loopbase.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt, wait_exponential
-
-from dssup.jobreport import ReportRecord
-from dssup.obs.metrics import Metrics, NullMetrics
-from dssup.supervisor.adapters import (
-    BUILTIN_CAPABILITIES,
-    PlanAdapter,
-    RemedyContext,
-    assessments,
-)
-from dssup.supervisor.aftermath import journal_report, kept_global_batch, rank0_output
-from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
-from dssup.supervisor.checkpoints import find_latest
-from dssup.supervisor.command import LaunchCommand
-from dssup.supervisor.config import SupervisorConfig
-from dssup.supervisor.jobview import JobView
+from dssup.supervisor.adapters import BUILTIN_CAPABILITIES, RemedyContext
+from dssup.supervisor.attempt_cycle import RETRIED, AttemptCycle
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
-from dssup.supervisor.process import Child, terminate_token
-from dssup.supervisor.remedies import RemedyPlanner, no_remedy_reason
-from dssup.supervisor.report import AttemptReport
+from dssup.supervisor.process import terminate_token
+from dssup.supervisor.remedies import no_remedy_reason
 from dssup.supervisor.state import RunState, replay
 from dssup.supervisor.text import clip
 
 __all__ = ["RECOVERY_FAILED", "RunOutcome", "Supervisor"]
 
 log = logging.getLogger(__name__)
-# Retried as they are (same plan), with backoff: unknown failures, and communication failures
-# whose root cause was not seen here (on another node, or a network blip).
-_RETRIED = frozenset({FailureKind.TRANSIENT, FailureKind.COMM})
 # Exit status of a run whose training finished after a recovery an adapter judged broken (the
 # loss jumped, samples were skipped or repeated), or whose job reported a global batch other
 # than the one dssup keeps: the result is not to be trusted as it is.
@@ -63,35 +44,8 @@ class RunOutcome:
 
 
 @dataclass
-class Supervisor:
-    config: SupervisorConfig
-    command: LaunchCommand
-    planner: RemedyPlanner
-    adapters: Sequence[PlanAdapter] = ()
-    metrics: Metrics = field(default_factory=NullMetrics)
-    sink: Callable[[str], None] | None = None
-    sleep: Callable[[float], None] = time.sleep
-    view: JobView | None = None  # the hand-off and framework of this script (None: builtin)
-    say: Callable[[str], None] | None = None  # dssup's own lines for the console
-    _signal: int | None = None
-    _child: Child | None = None
-
-    def _say(self, text: str) -> None:
-        log.debug("%s", text)
-        if self.say is not None:
-            self.say(f"dssup: {text}")
-
-    # --- signals -------------------------------------------------------------------------
-    def request_stop(self, sig: int) -> None:
-        """Called from a signal handler: forward once torchrun runs, never relaunch."""
-        self._signal = sig
-
-    def _install(self) -> dict[int, Any]:
-        old: dict[int, Any] = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not the main thread: the caller forwards
-                old[sig] = signal.signal(sig, lambda s, _f: self.request_stop(s))
-        return old
+class Supervisor(AttemptCycle):
+    """``dssup run``'s loop for one node (fields: ``loopbase.SupervisorBase``)."""
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -146,10 +100,6 @@ class Supervisor:
             )
         journal.append("supervisor-restarted", lost_attempt=lost and lost["attempt"], killed=killed)
 
-    def _step(self) -> int | None:
-        ref = find_latest(self.config.checkpoint_dir, self.config.checkpoint_pattern)
-        return ref.step if ref else None
-
     def _loop(self, journal: Journal) -> RunOutcome:
         state = replay(journal, self.config.initial_plan)
         self.planner_calibration(state)
@@ -187,7 +137,7 @@ class Supervisor:
                     "gave-up",
                     f"{state.no_progress} attempts in a row without progress",
                 )
-            if failure.kind in _RETRIED:
+            if failure.kind in RETRIED:
                 return self._end(
                     journal,
                     state,
@@ -240,159 +190,6 @@ class Supervisor:
         state.plan = remedy.plan
         return True
 
-    def _with_transient_retries(self, journal: Journal, state: RunState) -> AttemptResult:
-        left = max(0, self.config.transient_retries - state.transient_in_row)
-        budget = max(1, min(left + 1, self.config.max_attempts - state.attempts))
-
-        def before_sleep(rs: RetryCallState) -> None:
-            delay = rs.upcoming_sleep
-            journal.append(
-                "decision",
-                action="retry",
-                after_attempt=state.attempts,
-                reason=f"transient failure; backoff {delay:.1f} s",
-                plan=state.plan.model_dump(mode="json"),
-            )
-
-        retrying = Retrying(
-            stop=stop_after_attempt(budget),
-            wait=wait_exponential(
-                multiplier=self.config.backoff_initial_s,
-                max=self.config.backoff_max_s,
-                exp_base=2,
-                min=self.config.backoff_initial_s,
-            ),
-            retry=retry_if_result(
-                lambda r: (
-                    r.failure is not None
-                    and r.failure.kind in _RETRIED
-                    and (r.report is None or r.report.batch.status != "mismatch")
-                    and self._signal is None
-                    and state.no_progress < self.config.max_no_progress
-                )
-            ),
-            sleep=self.sleep,
-            before_sleep=before_sleep,
-            retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
-        )
-        result: AttemptResult = retrying(self._attempt, journal, state)
-        return result
-
-    def _attempt(self, journal: Journal, state: RunState) -> AttemptResult:
-        if self._signal is not None:  # told to stop during a backoff: launch nothing
-            now, sig = time.time(), self._signal
-            stop = Failure(
-                kind=FailureKind.INTERRUPTED, signal=sig, message="stopped between attempts"
-            )
-            return AttemptResult(-sig, stop, now, now, time.monotonic(), [])
-        number = journal.next_attempt()
-        resume = find_latest(
-            self.config.checkpoint_dir, self.config.checkpoint_pattern, state.plan.dp
-        )
-        if state.best_step is None and resume is not None:
-            state.best_step = resume.step
-        spec = build_spec(
-            self.command,
-            state.plan,
-            number=number,
-            run_id=self.config.run_id,
-            run_dir=self.config.run_dir,
-            resume=resume,
-            checkpoint_dir=self.config.checkpoint_dir,
-            adapters=self.adapters,
-            view=self.view,
-        )
-        if self.view is not None:
-            self._say(self.view.attempt_line(number, state.plan, resume))
-            hint = self.view.checkpoint_hint(
-                self.config.checkpoint_dir, self.config.checkpoint_pattern
-            )
-            if hint and resume is None:
-                self._say(f"warning: {hint}")
-                spec.notes.append(hint)
-        journal.append(
-            "attempt-started",
-            attempt=number,
-            token=spec.token,
-            argv=spec.argv,
-            plan=state.plan.model_dump(mode="json"),
-            env=spec.env,
-            notes=spec.notes,
-            resume_from=str(resume.path) if resume else None,
-            resume_step=resume.step if resume else None,
-            relaunch_overhead_s=state.since_last_exit(),
-        )
-        if state.last_exit_mono is not None:
-            self.metrics.supervisor_recovery(time.monotonic() - state.last_exit_mono)
-        result = run_attempt(
-            spec,
-            self.command,
-            world_size=state.plan.world_size,
-            grace_s=self.config.grace_s,
-            gpu_timeout_s=self.config.gpu_release_timeout_s,
-            sink=self.sink,
-            stop_signal=lambda: self._signal,
-            on_start=lambda c: setattr(self, "_child", c),
-            fast_fail=self.config.fast_fail,
-            expected_global_batch=self._kept_global_batch(journal, state),
-        )
-        output = JobView.output(rank0_output(self.command, spec.dir))
-        if self.view is not None:
-            result.failure = self.view.finished(result.failure, result.started, output)
-        step = self._step()
-        state.record(result, step)
-        journal.append(
-            "attempt-ended",
-            attempt=number,
-            exit_code=result.exit_code,
-            duration_s=round(result.ended - result.started, 3),
-            failure=result.failure.model_dump(mode="json") if result.failure else None,
-            checkpoint_step=step,
-            stragglers=result.stragglers,
-            oom_kills=result.oom_kills,
-            spawned_at=round(result.spawned_at, 4),
-            exited_at=round(result.exited_at, 4),
-        )
-        derived = self.view.reported(output) if self.view is not None else []
-        result.report = self._job_report(journal, number, spec.dir, state, derived)
-        self._assess(journal, number, spec.dir)
-        self.metrics.supervisor_attempt(result.failure.kind.value if result.failure else "success")
-        self._write_metrics()
-        return result
-
-    def _kept_global_batch(self, journal: Journal, state: RunState) -> int | None:
-        return kept_global_batch(journal, state.plan)
-
-    def _job_report(
-        self,
-        journal: Journal,
-        number: int,
-        attempt_dir: Path,
-        state: RunState,
-        derived: Sequence[ReportRecord] = (),
-    ) -> AttemptReport:
-        """Read and journal what the job reported (and its framework printed: ``derived``),
-        and learn from it which knobs the job takes from the environment."""
-        report = journal_report(journal, number, attempt_dir, state.plan, derived, self._say)
-        self._learn(journal, report.records, number)
-        return report
-
-    def _learn(self, journal: Journal, records: Sequence[dict[str, Any]], after: int) -> None:
-        if self.view is None:
-            return
-        learned = self.view.learn(records)
-        if learned:
-            journal.append(
-                "handoff", after_attempt=after, **self.view.handoff.model_dump(mode="json")
-            )
-            names = ", ".join(self.view.handoff.channels[k].name for k in learned)
-            self._say(f"hand-off: the job's report shows it reads {names}: those knobs can change")
-
-    def _assess(self, journal: Journal, number: int, attempt_dir: Path) -> None:
-        """Journal what adapters judge of the attempt that just ended (loss continuity)."""
-        for record in assessments(self.adapters, attempt_dir):
-            journal.append("continuity", attempt=number, **record)
-
     def _finished(self, journal: Journal, state: RunState) -> RunOutcome:
         """Training finished; a recovery that an adapter judged broken still fails the run."""
         broken = [r for r in journal.of_type("continuity") if not r.get("ok", True)]
@@ -407,11 +204,6 @@ class Supervisor:
         )
         log.error("%s", reason)
         return self._end(journal, state, "recovery-failed", reason, RECOVERY_FAILED)
-
-    def _write_metrics(self) -> None:
-        path, write = self.config.metrics_textfile, getattr(self.metrics, "write_textfile", None)
-        if path is not None and write is not None:
-            write(path)
 
     def _end(
         self, journal: Journal, state: RunState, outcome: str, reason: str, code: int | None = None

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-# the runs below stop their own children on a timeout (SIGTERM: dssup and torchrun stop their
-# workers); pytest-timeout must not cut in first and leave workers behind
+from tests.procs import run_reaped
+
+# the runs below stop everything they started on a timeout (tests/procs.py), also when
+# pytest-timeout cuts in first
 pytestmark = [pytest.mark.e2e, pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(1500)]
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -56,23 +57,6 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", **MALLOC, **extra}
 
 
-def _run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run`` that, on a timeout, lets the launcher stop its workers (SIGTERM)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kwargs)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"{cmd[0]} timed out after {timeout:.0f} s:\n{out[-2000:]}\n{err[-2000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def _weights(path: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -88,17 +72,17 @@ def _relative(a: dict, b: dict) -> float:
 @pytest.fixture(scope="module")
 def never_failed(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("reference") / "out"
-    done = _run([*TORCHRUN, *_args(out)], 500, env=_env(), cwd=out.parent)
+    done = run_reaped([*TORCHRUN, *_args(out)], 500, env=_env(), cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return _weights(out)
 
 
 def _recover(tmp_path: Path, launcher: list[str]) -> tuple[Path, list[dict], str]:
     out, run = tmp_path / "out", tmp_path / "run"
-    res = _run(
+    res = run_reaped(
         [str(BIN / "dssup"), "run", "--run-dir", str(run), "--global-batch-size", "32", "--",
          *launcher, *_args(out)],
-        600, env=_env(**CAP), cwd=tmp_path,
+        600, run, env=_env(**CAP), cwd=tmp_path,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
     records = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]

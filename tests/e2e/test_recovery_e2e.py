@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import run_reaped
+
 pytestmark = [pytest.mark.e2e, pytest.mark.torch, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_tiny.py")
@@ -30,7 +32,7 @@ def _compare(a: Path, b: Path) -> dict:
 
 def test_recovers_from_a_real_oom_with_the_global_batch_exact(tmp_path):
     run = tmp_path / "run"
-    res = subprocess.run(
+    res = run_reaped(
         [
             str(BIN / "dssup"),
             "run",
@@ -55,11 +57,9 @@ def test_recovers_from_a_real_oom_with_the_global_batch_exact(tmp_path):
             "--out",
             str(tmp_path / "recovered.pt"),
         ],
+        600,
+        run,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rec = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
@@ -82,7 +82,7 @@ def test_recovers_from_a_real_oom_with_the_global_batch_exact(tmp_path):
     assert [r["first_step"] for r in reports] == [0, 4]  # attempt 2 really resumed at step 4
     assert reports[1]["completed_ranks"] == [0, 1]
 
-    subprocess.run(
+    never = run_reaped(
         [
             str(BIN / "torchrun"),
             "--standalone",
@@ -94,11 +94,10 @@ def test_recovers_from_a_real_oom_with_the_global_batch_exact(tmp_path):
             "--out",
             str(tmp_path / "never_failed.pt"),
         ],
+        600,
         cwd=tmp_path,
-        check=True,
-        capture_output=True,
-        timeout=600,
     )
+    assert never.returncode == 0, never.stderr[-3000:]
     subprocess.run(
         [sys.executable, EXAMPLE, "--reference", str(tmp_path / "single.pt")],
         check=True,

@@ -5,8 +5,9 @@ journal, so it states every candidate's predicted saving, where the prediction c
 the rule that picked the winner. The rules, by the context available (``savings``):
 
 * a model description: the peaks are shifted to what the failure showed (bytes in use plus
-  the failed request), like the generic planner does; the cheapest candidate predicted to fit
-  the device with the margin wins, else the one with the largest predicted saving;
+  the failed request), like the generic planner does; of the candidates predicted to fit the
+  device with the margin, the fastest by the planner's step time (``dssup.memory.step_time``,
+  the ranking ``dssup plan`` uses) wins, else the one with the largest predicted saving;
 * the checkpoint's parameter count (optimizer, load and init failures): the free memory at the
   failure was short of the failed request by at most that request, so a candidate saving at
   least the request is predicted to fit; the cheapest such wins, else the largest saving (the
@@ -26,6 +27,7 @@ from dssup.supervisor.deepspeed.savings import (
     MemoryContext,
     ParamContext,
     predicted_peak,
+    predicted_step_time,
     state_bytes,
 )
 from dssup.supervisor.models import Failure, TrainingPlan
@@ -78,12 +80,20 @@ def _by_model(failure: Failure, plan: TrainingPlan, options: Sequence[Option], m
         f", +{size(shift)} seen in the failure" if shift else ""
     )
     fitting = [(o, p + shift) for o, p in scored if p + shift <= budget]
-    if fitting:
-        (o, p), rule = fitting[0], f"the cheapest predicted to fit {size(budget)}"
+    if fitting:  # the planner's step time decides (the static order breaks ties)
+        times = {o.name: predicted_step_time(mem, o.plan) for o, _ in fitting}
+        fitting.sort(key=lambda x: _seconds(times[x[0].name]))
+        (o, p), rule = fitting[0], f"the fastest predicted to fit {size(budget)}"
+        if times[o.name] is not None:
+            rule += f" (planner step time {times[o.name]:.3g} s)"
     else:
         o, p = min(((o, p + shift) for o, p in scored), key=lambda x: x[1])
         rule = f"nothing predicted to fit {size(budget)}; the largest saving"
     return Choice(o, p, f"predicted savings ({src}): {lines}; {o.name} wins: {rule}")
+
+
+def _seconds(t: float | None) -> float:
+    return float("inf") if t is None else t
 
 
 def _by_states(failure: Failure, plan: TrainingPlan, options: Sequence[Option], pc: ParamContext) -> Choice:  # fmt: skip

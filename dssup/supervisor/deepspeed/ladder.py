@@ -121,7 +121,7 @@ class DeepSpeedStep:
         """Use the memory-model rung's description (``dssup run --model``) for predictions."""
         self.memory = MemoryContext(
             model=step.model, layout=step.layout, base=step.base,
-            gpu_memory_bytes=step.gpu_memory_bytes, margin=step.margin,
+            gpu_memory_bytes=step.gpu_memory_bytes, margin=step.margin, topology=step.topology,
         )  # fmt: skip
 
     def propose(self, failure: Failure, plan: TrainingPlan, ctx: RemedyContext) -> Remedy | None:

@@ -27,11 +27,20 @@ from pathlib import Path
 
 from dssup.errors import DssupError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
+from dssup.memory.steptime import step_time
+from dssup.memory.topology import Topology
 from dssup.memory.zero import model_states
 from dssup.supervisor.deepspeed.ckpt_info import UNREADABLE, CheckpointInfo, read_pickled_tree
 from dssup.supervisor.models import TrainingPlan
 
-__all__ = ["MemoryContext", "ParamContext", "param_context", "predicted_peak", "state_bytes"]
+__all__ = [
+    "MemoryContext",
+    "ParamContext",
+    "param_context",
+    "predicted_peak",
+    "predicted_step_time",
+    "state_bytes",
+]
 
 MODEL_STATE_PHASES = frozenset({"optimizer", "load", "init"})
 
@@ -46,6 +55,7 @@ class MemoryContext:
     gpu_memory_bytes: int
     overheads: Overheads | None = None
     margin: float = 0.05
+    topology: Topology | None = None  # the GPU the planner's step times are for
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,17 @@ def predicted_peak(mem: MemoryContext, plan: TrainingPlan, phase: str) -> int | 
     try:
         training = _to_training(_at_phase(plan, phase), mem.base)
         return estimate(mem.model, mem.layout, training, mem.overheads).peak_bytes
+    except DssupError:
+        return None
+
+
+def predicted_step_time(mem: MemoryContext, plan: TrainingPlan) -> float | None:
+    """The planner's predicted seconds per step for ``plan`` (``dssup.memory.step_time``, the
+    ranking ``dssup plan`` uses); None when the memory model cannot evaluate it."""
+    try:
+        training = _to_training(plan, mem.base)
+        layout = mem.layout.model_copy(update={"dp": plan.dp}) if plan.dp else mem.layout
+        return step_time(mem.model, layout, training, mem.topology)["total"]
     except DssupError:
         return None
 

@@ -13,8 +13,9 @@
   next generation for the new world size with ``dssup.elastic`` (global batch exact, memory
   raised pre-emptively when the memory model says the smaller world would not fit).
 
-The attempt body mirrors ``Supervisor._attempt`` (launch, classify, journal) with the merge
-placed before the journal entry; the supervisor exposes no hook there yet.
+The attempt body mirrors ``Supervisor._attempt`` (launch, classify, journal; the preparation
+is shared: ``AttemptCycle._prepare``) with the merge placed before the journal entry; the
+supervisor exposes no hook there yet.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import time
 from typing import Any
 
 from dssup.supervisor.aftermath import rank0_output
-from dssup.supervisor.attempt import AttemptResult, build_spec, run_attempt
-from dssup.supervisor.checkpoints import find_latest
+from dssup.supervisor.attempt import AttemptResult, run_attempt
 from dssup.supervisor.command import LaunchCommand
 from dssup.supervisor.jobview import JobView
 from dssup.supervisor.journal import Journal
@@ -255,17 +255,7 @@ class MultiNodeSupervisor(Supervisor):
         return self._launch(journal, state, d)
 
     def _launch(self, journal: Journal, state: RunState, d: Decision) -> AttemptResult:
-        number = journal.next_attempt()
-        resume = find_latest(
-            self.config.checkpoint_dir, self.config.checkpoint_pattern, state.plan.dp
-        )
-        if state.best_step is None and resume is not None:
-            state.best_step = resume.step
-        spec = build_spec(
-            self.command, state.plan, number=number, run_id=self.config.run_id,
-            run_dir=self.config.run_dir, resume=resume, checkpoint_dir=self.config.checkpoint_dir,
-            adapters=self.adapters, view=self.view,
-        )  # fmt: skip
+        number, resume, spec = self._prepare(journal, state)
         spec.env.setdefault("LOGLEVEL", "INFO")
         spec.env["DSSUP_GENERATION"] = str(d.generation)
         spec.env["DSSUP_NODE_RANK"] = str(self.mn.node_rank)

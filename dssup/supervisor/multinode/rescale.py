@@ -52,6 +52,7 @@ def memory_context(planner: RemedyPlanner, capabilities: frozenset[str]) -> Memo
             margin=step.margin,
             zero_stages=(0, 1, 2, 3) if "zero_stage" in capabilities else (),
             allow_offload="offload" in capabilities,
+            topology=step.topology,
         )
     return None
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.procs import run_reaped
+
 ROOT = Path(__file__).resolve().parents[3]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 DSSUP = str(Path(sys.executable).with_name("dssup"))
@@ -36,15 +38,7 @@ def torchrun(
     nproc: int, script: Path, *args: str, timeout: float = 300, **env: str
 ) -> subprocess.CompletedProcess[str]:
     cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), str(script), *args]
-    return subprocess.run(
-        cmd,
-        cwd=ROOT,
-        env=ds_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_reaped(cmd, timeout, cwd=ROOT, env=ds_env(**env))
 
 
 def dssup_run_example(
@@ -72,9 +66,7 @@ def dssup_run_example(
         "torchrun", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
         "--deepspeed_config", str(cfg), "--save-dir", str(work / "ckpt"), *example_args,
     ]  # fmt: skip
-    done = subprocess.run(
-        cmd, cwd=work, env=run_env, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    done = run_reaped(cmd, timeout, work / "run", cwd=work, env=run_env)
     journal = [json.loads(x) for x in (work / "run" / "journal.jsonl").read_text().splitlines()]
     attempts = sorted((work / "run").glob("attempt-*"))
     return {"done": done, "journal": journal, "attempts": attempts, "cfg": cfg, "work": work}

@@ -1,4 +1,6 @@
-"""Running the real ``dssup run`` CLI around real torchrun jobs, and reading what it wrote."""
+"""Running the real ``dssup run`` CLI around real torchrun jobs, and reading what it wrote.
+
+``token_processes`` (re-exported) finds the live processes of a run's attempts (orphan check)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.procs import processes_with_token_prefix, run_reaped
+
 ROOT = Path(__file__).resolve().parents[3]
 WORKERS = ROOT / "tests" / "fixtures" / "supervisor" / "workers"
 EXAMPLE = ROOT / "examples" / "train_tiny.py"
 DSSUP = str(Path(sys.executable).parent / "dssup")
+token_processes = processes_with_token_prefix
 
 
 def torchrun(*script: str) -> list[str]:
@@ -24,16 +29,9 @@ def dssup_run(
     timeout: float = 300,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """``dssup run`` to its end; on a timeout, it and every worker it started are stopped."""
     cmd = [DSSUP, "run", "--run-dir", str(run_dir), "--backoff", "0.2", *args]
-    return subprocess.run(
-        cmd,
-        check=False,
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return run_reaped(cmd, timeout, run_dir, cwd=run_dir.parent, env={**os.environ, **(env or {})})
 
 
 def journal(run_dir: Path) -> list[dict]:
@@ -42,23 +40,6 @@ def journal(run_dir: Path) -> list[dict]:
 
 def of(records: list[dict], type_: str) -> list[dict]:
     return [r for r in records if r["type"] == type_]
-
-
-def token_processes(prefix: str) -> list[int]:
-    """Live processes whose DSSUP_RUN_TOKEN starts with ``prefix`` (orphan check)."""
-    needle = f"DSSUP_RUN_TOKEN={prefix}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z":
-            found.append(int(entry))
-    return found
 
 
 def memory_cgroup() -> Path | None:

@@ -37,8 +37,33 @@ def test_with_the_accumulation_flag_on_the_command_line_the_job_confirms_32(tmp_
     assert "global batch 32 (verified by the job in every attempt)" in status.stdout
 
 
+def test_without_the_flag_a_script_that_reads_the_environment_keeps_32(tmp_path):
+    """No accumulation flag on the command line; the script reads DSSUP_GRAD_ACCUM_STEPS (its
+    source names it): the doubled accumulation goes through the environment, the job's own
+    report confirms 32 in both attempts, and ``dssup status`` says so."""
+    run, res, rec = _run(tmp_path, REPORTING, "--read-env", "grad_accum")
+    assert res.returncode == 0, res.stdout[-3000:]
+    accumulation = of(rec, "handoff")[0]["channels"]["grad_accum"]
+    assert (accumulation["via"], accumulation["name"]) == ("env", "DSSUP_GRAD_ACCUM_STEPS")
+    starts = of(rec, "attempt-started")
+    assert [(s["plan"]["micro_batch"], s["plan"]["grad_accum"]) for s in starts] == [
+        (16, 1),
+        (8, 2),
+    ]
+    assert "--gradient-accumulation-steps" not in starts[1]["argv"]  # never added
+    assert starts[1]["env"]["DSSUP_GRAD_ACCUM_STEPS"] == "2"
+    reports = of(rec, "job-report")
+    assert [r["batch"]["status"] for r in reports] == ["verified", "verified"]
+    assert [r["batch"]["reported"] for r in reports] == [[32], [32]]
+    assert "global batch 32 (verified by the job in every attempt)" in res.stdout
+    status = subprocess.run([DSSUP, "status", str(run)], capture_output=True, text=True,
+                            check=True, timeout=60)  # fmt: skip
+    assert "global batch 32 (verified by the job in every attempt)" in status.stdout
+    assert "unchanged" not in res.stdout + status.stdout
+
+
 def test_a_script_that_cannot_receive_the_accumulation_is_not_halved(tmp_path):
-    _, res, rec = _run(tmp_path, str(WORKERS / "argparse_only.py"))
+    run, res, rec = _run(tmp_path, str(WORKERS / "argparse_only.py"))
     assert res.returncode == 1, res.stdout[-3000:]
     assert len(of(rec, "attempt-started")) == 1
     give_up = of(rec, "decision")[0]
@@ -50,7 +75,10 @@ def test_a_script_that_cannot_receive_the_accumulation_is_not_halved(tmp_path):
     )
     assert "accumulation 1: not received" in res.stdout  # said before attempt 1
     assert "not reported by the job in attempt(s) [1]: unverified" in res.stdout
-    assert "unchanged" not in res.stdout
+    status = subprocess.run([DSSUP, "status", str(run)], capture_output=True, text=True,
+                            check=False, timeout=60)  # fmt: skip
+    assert "not reported by the job in attempt(s) [1]: unverified" in status.stdout
+    assert "unchanged" not in res.stdout + status.stdout
 
 
 def test_a_job_that_ignores_the_accumulation_it_was_given_fails_the_run(tmp_path):
@@ -69,10 +97,12 @@ def test_a_job_that_ignores_the_accumulation_it_was_given_fails_the_run(tmp_path
 
 
 def test_without_the_jobs_report_the_global_batch_is_unverified(tmp_path):
-    _, res, rec = _run(tmp_path, REPORTING, "--gradient-accumulation-steps", "1", "--no-report")
+    run, res, rec = _run(tmp_path, REPORTING, "--gradient-accumulation-steps", "1", "--no-report")
     assert res.returncode == 0, res.stdout[-3000:]
     assert [r["batch"]["status"] for r in of(rec, "job-report")] == ["unreported"] * 2
-    assert "global batch 32 planned; not reported by the job in attempt(s) [1, 2]: unverified" in (
-        res.stdout
-    )
-    assert "unchanged" not in res.stdout
+    unverified = "global batch 32 planned; not reported by the job in attempt(s) [1, 2]: unverified"
+    assert unverified in res.stdout
+    status = subprocess.run([DSSUP, "status", str(run)], capture_output=True, text=True,
+                            check=True, timeout=60)  # fmt: skip
+    assert unverified in status.stdout
+    assert "unchanged" not in res.stdout + status.stdout

@@ -13,6 +13,7 @@ from sup_helpers import DSSUP, WORKERS, journal, of, token_processes
 
 from dssup.supervisor.journal import Journal
 from dssup.supervisor.models import TrainingPlan
+from tests.procs import reap, run_reaped
 
 pytestmark = [pytest.mark.integration]
 
@@ -68,21 +69,17 @@ def test_sigkill_then_rerun_continues_the_same_run(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _wait_for_step(ckpt, 3, first)
+    try:
+        _wait_for_step(ckpt, 3, first)
+    except BaseException:
+        reap(first, run_dir)
+        raise
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     run_id = journal(run_dir)[0]["run_id"]
     assert run_id.startswith("run-") and len(run_id) == len("run-") + 8
     assert _wait_no_processes(f"{run_id}/1") == [], "workers of the killed supervisor survived"
-    second = subprocess.run(
-        _cmd(run_dir, ckpt),
-        check=False,
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    second = run_reaped(_cmd(run_dir, ckpt), 300, run_dir, cwd=tmp_path, env=env)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     rec = journal(run_dir)
     assert [r["seq"] for r in rec] == list(range(len(rec)))
@@ -108,9 +105,12 @@ def test_sigterm_is_forwarded_and_nothing_survives(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _wait_for_step(ckpt, 1, proc)
-    os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    try:
+        _wait_for_step(ckpt, 1, proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        reap(proc, run_dir)
     rec = journal(run_dir)
     run_id = rec[0]["run_id"]
     assert of(rec, "run-ended")[0]["outcome"] == "interrupted"
