@@ -159,6 +159,8 @@ def load_model(
             if exc.field == "approximate_as":
                 raise
             raise _flagged(exc, entry.id) from None
+    if path.exists():  # a device, FIFO or socket: nothing a config is read from
+        raise ConfigError(FLAG, f"{text} is not a regular file", _FIX)
     if text.endswith(".json") or text.startswith(("/", "./", "../", "~")):
         raise ConfigError(FLAG, f"{text} does not exist", _FIX)
     if text.lower() in preset_names():

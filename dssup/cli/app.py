@@ -21,6 +21,9 @@ class DssupGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # click's parsing: its three lines made one
+            click.echo(f"dssup: error: {_usage(exc)}", err=True)
+            sys.exit(2)
         except ConfigError as exc:
             click.echo(
                 f"dssup: error: {_flag(exc.field)}: {exc.problem}"
@@ -31,10 +34,6 @@ class DssupGroup(click.Group):
         except ValidationError as exc:
             click.echo(f"dssup: error: {_first_error(exc)}", err=True)
             sys.exit(2)
-        except click.UsageError as exc:  # a flag click itself refused: one line, not the usage
-            where = exc.ctx.command_path if exc.ctx is not None else "dssup"
-            click.echo(f"dssup: error: {exc.format_message()} (see {where} -h)", err=True)
-            sys.exit(2)
         except DssupError as exc:
             click.echo(f"dssup: error: {exc}", err=True)
             sys.exit(getattr(exc, "exit_code", 125))
@@ -43,6 +42,18 @@ class DssupGroup(click.Group):
 def _flag(field: str) -> str:
     """``tp`` -> ``--tp``: name the flag the user typed; dotted or file fields stay as they are."""
     return "--" + field.replace("_", "-") if re.fullmatch(r"[a-z][a-z_]*", field) else field
+
+
+def _usage(exc: click.UsageError) -> str:
+    """A parsing error (missing or unknown option, bad value) as one line: the flag, click's
+    own message, and where the options are listed."""
+    path = exc.ctx.command_path if exc.ctx is not None else "dssup"
+    help_ = f"see `{path} --help`"
+    if isinstance(exc, click.MissingParameter) and exc.param is not None and exc.param.opts:
+        flag = max(exc.param.opts, key=len)
+        return f"{flag}: missing; add {flag} ({help_})"
+    msg = " ".join(exc.format_message().split()).rstrip(".")
+    return f"{msg}; {help_}"
 
 
 def _first_error(exc: ValidationError) -> str:

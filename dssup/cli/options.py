@@ -15,6 +15,8 @@ import click
 
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
+from dssup.memory.config import Convention
+from dssup.memory.defaults import default_precision
 from dssup.memory.gpus import find_gpu, parse_size
 from dssup.memory.profile import EagerProfile
 from dssup.memory.traced import TracedProfile
@@ -343,11 +345,12 @@ _KEYS = {
 }
 
 
-def _precision(name: str | None, dtypes: str | None) -> Precision | None:
-    """``--precision`` preset, then ``--dtypes key=dtype,...`` on top."""
+def _precision(name: str | None, dtypes: str | None, convention: Convention) -> Precision | None:
+    """``--precision`` preset (else the convention's default), then ``--dtypes key=dtype,...``
+    on top."""
     if not dtypes:
         return Precision.named(name) if name else None
-    base = Precision.named(name or "bf16")
+    base = Precision.named(name) if name else default_precision(convention)
     update: dict[str, int | bool] = {}
     for item in dtypes.split(","):
         key, _, dtype = item.partition("=")
@@ -422,7 +425,9 @@ def build_training(o: dict[str, Any], grad_accum: int) -> Training:
         zero_stage=o["zero"],
         offload_optimizer=o["offload"] in ("optimizer", "both"),
         offload_params=o["offload"] in ("params", "both"),
-        precision=_precision(o.get("precision"), o.get("dtypes")),
+        precision=_precision(
+            o.get("precision"), o.get("dtypes"), o.get("convention") or "megatron"
+        ),
         implementation=load_profile(o.get("calibration")),
         moe_imbalance=o["moe_imbalance"],
         framework=o.get("framework"),

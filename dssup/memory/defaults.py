@@ -45,7 +45,7 @@ from dssup.memory.config import (
     Training,
 )
 
-__all__ = ["Resolved", "resolve", "step_temporary"]
+__all__ = ["Resolved", "default_precision", "resolve", "step_temporary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +86,12 @@ _FRAMEWORK: dict[Framework, tuple[Loss, bool, Attention, OptimizerImpl, frozense
     "deepspeed": ("unfused", False, "sdpa", "fused", frozenset()),
     "transformers": ("unfused", False, "sdpa", "foreach", frozenset()),
 }
+
+
+def default_precision(convention: Convention) -> Precision:
+    """Bytes per state when the user names none (paper: BF16 Adam moments; megatron: ``bf16``),
+    the base that per-state overrides (``--dtypes``) apply to."""
+    return (_PAPER if convention == "paper" else _MEGATRON).precision
 
 
 def resolve(convention: Convention, training: Training, overheads: Overheads) -> Resolved:

@@ -22,7 +22,7 @@ import re
 from dssup.errors import ConfigError
 from dssup.memory.gpu_spec import GpuSpec, ReferenceSystem
 from dssup.memory.gpu_table import GPU_TABLE
-from dssup.memory.sizes import SIZE_HINT, parse_bytes, parse_quantity, positive
+from dssup.memory.sizes import SIZE_HINT, UNIT_HINT, parse_bytes, parse_quantity, positive
 
 __all__ = [
     "AMBIGUOUS",
@@ -105,11 +105,12 @@ def mig_memory_mib(product: str) -> int | None:
 def parse_size(text: str, field: str = "size", *, gpu: bool = True, zero: bool = False) -> int:
     """Bytes of a memory amount: ``80GiB``, ``80GB``, ``0.75GiB``, ``1024B`` or (``gpu``) a GPU
     name from the one table, as its driver reports it. A bare number is refused (``sizes.py``)."""
-    value = parse_quantity(text, field, None)
+    hint = SIZE_HINT if gpu else UNIT_HINT
+    value = parse_quantity(text, field, None, hint)
     if value is None and gpu:
         spec = find_gpu(text, field)
         if spec is not None:
             return spec.memory_bytes
     if value is None:
-        raise ConfigError(field, f"cannot read {text!r} as a size", SIZE_HINT)
+        raise ConfigError(field, f"cannot read {text!r} as a size", hint)
     return positive(value, text, field, zero)

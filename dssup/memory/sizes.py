@@ -15,7 +15,7 @@ import re
 
 from dssup.errors import ConfigError
 
-__all__ = ["SIZE_HINT", "parse_bytes", "parse_quantity", "positive"]
+__all__ = ["SIZE_HINT", "UNIT_HINT", "parse_bytes", "parse_quantity", "positive"]
 
 _G = 1 << 30
 _UNITS = {
@@ -39,11 +39,14 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 SIZE_HINT = "write a unit (80GiB, 80GB, 512MiB, 1024B) or a GPU name such as H100 (see dssup gpus)"
+UNIT_HINT = "write a unit (80GiB, 80GB, 512MiB, 1024B)"  # where a GPU name means nothing
 
 
-def parse_quantity(text: str, field: str, bare_unit: int | None) -> int | None:
+def parse_quantity(
+    text: str, field: str, bare_unit: int | None, hint: str = SIZE_HINT
+) -> int | None:
     """Bytes of ``<number><unit>``; None if ``text`` is not of that shape. A bare number is
-    ``bare_unit`` bytes each, or (``bare_unit`` None) refused with the likely fix."""
+    ``bare_unit`` bytes each, or (``bare_unit`` None) refused with the likely fix (``hint``)."""
     match = _SIZE.match(text)
     if not match:
         return None
@@ -52,10 +55,10 @@ def parse_quantity(text: str, field: str, bare_unit: int | None) -> int | None:
         if bare_unit is None and float(number) == 0:
             return 0  # zero needs no unit
         if bare_unit is None:
-            raise ConfigError(field, f"{text.strip()}: did you mean {text.strip()}GiB?", SIZE_HINT)
+            raise ConfigError(field, f"{text.strip()}: did you mean {text.strip()}GiB?", hint)
         return int(float(number) * bare_unit)
     if unit not in _UNITS:
-        raise ConfigError(field, f"unknown unit {match.group(2)!r} in {text!r}", SIZE_HINT)
+        raise ConfigError(field, f"unknown unit {match.group(2)!r} in {text!r}", hint)
     return int(float(number) * _UNITS[unit])
 
 

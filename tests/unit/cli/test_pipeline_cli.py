@@ -3,8 +3,10 @@ issue 12 item 6: one line naming the flag and the fix, exit status 2, never a tr
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -134,3 +136,55 @@ def test_bad_input_in_a_real_process_has_no_traceback() -> None:
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_dtypes_apply_on_top_of_the_conventions_own_precision() -> None:
+    """``--dtypes`` without ``--precision`` starts from the convention's default: under
+    ``--convention paper`` that is BF16 moments, so restating a default changes no byte (it
+    used to reset the moments to FP32 behind the user's back)."""
+    v3 = ["--model", "deepseek-v3", "--convention", "paper", "--tp", "2", "--pp", "16"]
+    v3 += ["--ep", "8", "--dp", "32", "--grad-accum", "32", "--json"]
+    code, plain = _run(*v3)
+    assert code == 0
+    for same in ("activations=bf16", "moments=bf16", "grads=fp32,weights=bf16"):
+        code, out = _run(*v3, "--dtypes", same)
+        assert code == 0 and out == plain, same
+    code, out = _run(*v3, "--dtypes", "moments=fp32")
+    assert code == 0 and out != plain
+
+
+def test_plan_lists_the_deepseek_v3_recipe_among_the_fitting_configs() -> None:
+    """``dssup plan`` for the recipe's layout on an H800 (the table's 81,559 MiB): the recipe
+    (micro-batch 1 x 120, DeepSeek's selective recompute, ZeRO-1, no offload) is among the
+    fitting rows with a 1 % margin, at the bytes ``estimate`` gives; the default 5 % margin
+    leaves it out (78.0 of 79.65 GiB); with BF16 activations no row without recompute fits."""
+    args = ["plan", "--model", "deepseek-v3", "--gpus", "2048", "--tp", "1", "--pp", "16"]
+    args += ["--ep", "64", "--schedule", "dualpipe", "--layers-per-stage", SPLIT]
+    args += ["--global-batch-size", "15360", "--framework", "deepseek", "--gpu-memory", "H800"]
+    args += ["--top", "100", "--json"]
+    fp8 = ["--precision", "fp8", "--dtypes", "moments=bf16"]
+
+    def rows(*extra: str) -> list[dict[str, Any]]:
+        res = CliRunner().invoke(main, [*args, *extra])
+        assert res.exit_code in (0, 1), res.output
+        return list(json.loads(res.output)["candidates"])
+
+    def recipe(r: dict[str, Any]) -> bool:
+        t = r["training"]
+        return (t["micro_batch"], t["grad_accum"], t["recompute"], t["zero_stage"]) == (
+            1,
+            120,
+            "selective",
+            1,
+        ) and not (t["offload_optimizer"] or t["offload_params"])
+
+    found = [r for r in rows(*fp8, "--margin", "0.01") if recipe(r)]
+    assert len(found) == 1 and found[0]["fits"]
+    code, out = _run(
+        *RECIPE[:-2], "--gpu-memory", "H800", *fp8, "--framework", "deepseek",
+        "--recompute", "selective", "--json",
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["peak_bytes"] == found[0]["peak_bytes"]
+    assert not [r for r in rows(*fp8) if recipe(r)]
+    plain = rows("--dtypes", "moments=bf16", "--margin", "0.01")
+    assert not [r for r in plain if r["training"]["recompute"] == "none"]

@@ -10,6 +10,8 @@ table, and the warm-up count of ``get_pp_rank_microbatches``.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dssup.errors import ConfigError
 from dssup.memory.config import Layout
@@ -117,3 +119,77 @@ def test_one_f_one_b_counts() -> None:
     layout = Layout(pp=4, dp=1)
     assert [held_counts(layout, i, (i,), 8) for i in range(4)] == [(4,), (3,), (2,), (1,)]
     assert [held_counts(layout, i, (i,), 2) for i in range(4)] == [(2,), (2,), (2,), (1,)]
+
+
+# --- the same facts over generated schedules (hypothesis) --------------------------------
+
+SCHEDULES = settings(max_examples=80, deadline=None)
+
+
+@SCHEDULES
+@given(st.integers(1, 16), st.integers(2, 12))
+def test_dualpipe_replay_over_generated_sizes(half: int, chunks_per_direction: int) -> None:
+    """Any even PP and any even m >= 2*PP: the step() replay and dssup agree on every rank."""
+    pp = 2 * half
+    chunks = 2 * max(pp, chunks_per_direction)
+    layout = Layout(pp=pp, ep=1, dp=1, schedule="dualpipe")
+    check_micro_batches(layout, chunks)
+    for rank in range(pp):
+        total, (own, mirror) = _replay_dualpipe(pp, rank, chunks)
+        assert total == pp + 1
+        assert held_counts(layout, rank, (rank, pp - 1 - rank), chunks) == (own, mirror)
+
+
+def _megatron_alive(pp: int, vpp: int, group: int, m: int, rank: int) -> int:
+    """Most (micro-batch, chunk) pairs alive at once on ``rank``, replayed as sets: warm-up
+    forwards, then forward k+W, backward k; each backward must find its own forward done."""
+    table = _chunk_table(m, vpp, group)
+    seen: dict[int, int] = {}
+    order = []  # (micro-batch, chunk) of forward k, as Megatron numbers them
+    for c in table:
+        order.append((seen.get(c, 0), c))
+        seen[c] = seen.get(c, 0) + 1
+    backward = [(mb, vpp - 1 - c) for mb, c in order]
+    total = m * vpp
+    warmup = min(2 * (pp - rank - 1) + (vpp - 1) * group, total)
+    alive = set(order[:warmup])
+    best = len(alive)
+    for k in range(total - warmup):
+        alive.add(order[k + warmup])
+        best = max(best, len(alive))
+        assert backward[k] in alive  # never a backward before its forward
+        alive.remove(backward[k])
+    for k in range(total - warmup, total):  # cool-down
+        assert backward[k] in alive
+        alive.remove(backward[k])
+    assert not alive
+    return best
+
+
+@st.composite
+def _interleaved(draw: st.DrawFn) -> tuple[int, int, int, int]:
+    """(pp, vpp, group, m) that Megatron-core accepts."""
+    pp = draw(st.integers(2, 8))
+    vpp = draw(st.integers(2, 4))
+    group = draw(st.integers(pp, 2 * pp))
+    m = group * draw(st.integers(1, 4)) + draw(st.sampled_from([0, *range(pp, group)]))
+    return pp, vpp, group, m
+
+
+@SCHEDULES
+@given(_interleaved())
+def test_interleaved_states_over_generated_schedules(case: tuple[int, int, int, int]) -> None:
+    """Every rank: the per-chunk counts dssup walks peak where a set replay of the schedule
+    does, at Megatron's warm-up + 1; no chunk ever holds more than m; with the default group
+    (G = PP) the loss chunk of the last rank holds one (a larger G lets a second one start)."""
+    pp, vpp, group, m = case
+    layout = Layout(pp=pp, vpp=vpp, dp=1, schedule="interleaved", vpp_group=group)
+    check_micro_batches(layout, m)
+    for rank in range(pp):
+        states = interleaved_states(layout, rank, m)
+        peak = max(sum(s) for s in states)
+        assert peak == _megatron_alive(pp, vpp, group, m, rank)
+        assert peak == min(2 * (pp - rank - 1) + (vpp - 1) * group + 1, m * vpp)
+        assert all(len(s) == vpp and all(0 <= n <= m for n in s) for s in states)
+    if group == pp:
+        assert max(s[-1] for s in interleaved_states(layout, pp - 1, m)) == 1
