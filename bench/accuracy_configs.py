@@ -103,6 +103,12 @@ def calibration_id(run: RunSpec) -> str:
     return calibration_key(run).model_dump_json(exclude=set(_ONE_DEVICE))
 
 
+def saved_id(key: str) -> str:
+    """A key saved in bench/accuracy.json as ``calibration_id`` writes it now (a field added to
+    the model spec since reads as its default)."""
+    return RunSpec.model_validate_json(key).model_dump_json(exclude=set(_ONE_DEVICE))
+
+
 def _c(
     model: str,
     b: int,

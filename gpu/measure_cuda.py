@@ -15,7 +15,15 @@ memory appear: the caching allocator's reserve (L2), the CUDA context and non-Py
 
 Usage on the GPU machine (its own python3 with a CUDA torch; needs pydantic for dssup.memory):
     python3 gpu/measure_cuda.py            # writes gpu/results/<date>-<gpu>.json
+    python3 gpu/measure_cuda.py --hf       # the transformers steps: <date>-<gpu>-hf.json
 Each child has a hard deadline; configs not reached are listed as skipped, never invented.
+
+``--hf`` (needs transformers 5.23.0 importable) runs the runs of bench/hf_measured.json -- the
+same tiny transformers models, dtypes, attention implementations and checkpointing, AdamW
+foreach, two steps -- on CUDA (``dssup.runtime.traced.build`` under ``torch.device("cuda")``)
+and writes, per run id, ``max_memory_allocated`` and the reserve next to the CPU-measured peak
+and the traced prediction (bench/hf_accuracy.json): the CPU -> CUDA kernel deltas of the
+user's own model code.
 """
 
 from __future__ import annotations
@@ -127,10 +135,114 @@ def _derive(settings: list[dict[str, object]]) -> dict[str, object]:
     }
 
 
+def _one_hf(run: dict[str, object]) -> dict[str, object]:
+    import torch as t
+
+    from bench.hf_dataset import source
+    from dssup.runtime.traced import Knobs, TracedRun
+    from dssup.runtime.traced.build import build, loss_of
+
+    knobs = Knobs.model_validate(run["knobs"])
+    t.cuda.empty_cache()
+    t.cuda.reset_peak_memory_stats()
+    with t.device("cuda"):
+        job = build(TracedRun(source=source(str(run["model"])), knobs=knobs))
+        opt = t.optim.AdamW(job.model.parameters(), lr=1e-4, foreach=True)
+        batch = job.make_batch(knobs.micro_batch, knobs.seq_len)
+    start = time.perf_counter()
+    for _ in range(knobs.steps):
+        opt.zero_grad(set_to_none=True)
+        with t.autocast("cuda", dtype=t.bfloat16, enabled=knobs.dtype == "amp"):
+            loss = loss_of(job.call(job.model, batch))
+        loss.backward()
+        del loss
+        opt.step()
+    t.cuda.synchronize()
+    out = {
+        "id": run["id"],
+        "max_memory_allocated": t.cuda.max_memory_allocated(),
+        "max_memory_reserved": t.cuda.max_memory_reserved(),
+        "cpu_peak_bytes": run["peak_bytes"],
+        "cpu_phase": run["phase"],
+        "seconds": time.perf_counter() - start,
+    }
+    del job, opt, batch
+    return out
+
+
+def child_hf() -> None:
+    """The transformers runs until the deadline; one JSON object (predictions joined)."""
+    measured = json.loads((ROOT / "bench" / "hf_measured.json").read_text())
+    acc_path = ROOT / "bench" / "hf_accuracy.json"
+    pred = {}
+    if acc_path.exists():
+        pred = {r["id"]: r["predicted"] for r in json.loads(acc_path.read_text())["rows"]}
+    began = time.perf_counter()
+    runs, skipped = [], []
+    for run in measured["runs"]:
+        if time.perf_counter() - began > 2 * DEADLINE_S - 20:
+            skipped.append(run["id"])
+            continue
+        try:
+            one = _one_hf(run)
+        except Exception as exc:  # a run that fails is recorded, not hidden
+            skipped.append(f"{run['id']}: {type(exc).__name__}: {exc}")
+            continue
+        one["cpu_predicted_bytes"] = pred.get(run["id"])
+        runs.append(one)
+    sys.stdout.write(json.dumps({"baseline": _baseline(), "runs": runs, "skipped": skipped}) + "\n")
+
+
+def main_hf() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.stderr.write("no CUDA device: nothing measured\n")
+        return 1
+    try:
+        import transformers
+    except ImportError:
+        sys.stderr.write("transformers is not importable: nothing measured (see gpu/README.md)\n")
+        return 1
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child-hf"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=2 * DEADLINE_S + 40,
+        check=False,
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        return proc.returncode
+    gpu = torch.cuda.get_device_name(0)
+    doc = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        **json.loads(proc.stdout.strip().splitlines()[-1]),
+    }
+    name = f"{time.strftime('%Y-%m-%d')}-{gpu.replace(' ', '-')}-hf.json"
+    out = ROOT / "gpu" / "results" / name
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / name).write_text(out.read_text())
+    sys.stdout.write(f"wrote {out}\n")
+    return 0
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         child(sys.argv[2])
         return 0
+    if sys.argv[1:] == ["--child-hf"]:
+        child_hf()
+        return 0
+    if sys.argv[1:] == ["--hf"]:
+        return main_hf()
     import torch
 
     if not torch.cuda.is_available():

@@ -16,6 +16,8 @@ Inputs (explicit beats inferred; every one optional):
 ``dssup.io/resize``                ``false`` forbids the mutating webhook to change the job
 ``dssup.io/max-gpus``              the job may grow to this many GPUs (more data-parallel
                                    replicas) when no config fits at its requested size
+``dssup.io/calibration``           ``configmap:<name>/<key>`` holding the job's profile from
+                                   ``dssup calibrate`` (its own model code's bytes)
 =================================  ===========================================================
 
 Outputs (written by the mutating webhook; JSON values):

@@ -232,6 +232,12 @@ def resolve(src: Sources, cache: ClusterCache, world_size: int) -> JobConfig:
         off_par,
         _precision(src),
     )
+    from dssup.admission.calibration import calibration  # it raises this module's Incomplete
+
+    profile = calibration(src.view.annotations, src.view.namespace, cache)
+    if profile is not None:
+        training = training.model_copy(update={"implementation": profile})
+        origins["calibration"] = "annotation"
     return JobConfig(
         model, model_key, layout, training, global_batch, stated, origins, tuple(warnings)
     )

@@ -24,6 +24,7 @@ for _name in (
     "webhook",
     "admit",
     "measure",
+    "calibrate",
     "elastic",
     "gpus",
 ):

@@ -16,13 +16,14 @@ from typing import Any
 import click
 
 from dssup.cli.app import main
+from dssup.cli.options import load_profile
 from dssup.cli.traced import run_child, source_options, traced_knobs, traced_source
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
 from dssup.memory.profile import EagerProfile
 from dssup.modelio import load_model
 
-__all__ = ["calibrate_cmd", "measure_cmd"]
+__all__ = ["REFERENCE", "TRACED", "common_options", "measure_cmd", "reference_spec"]
 
 _PRECISION = {
     "fp32": Precision(weights=4, gradients=4, master=0, moments=4, activations=4),
@@ -34,7 +35,7 @@ TRACED = "dssup.runtime.traced"
 _NO_OVERHEADS = Overheads(comm_buffer_bytes=0, fragmentation=0.0, cuda_context_bytes=0)
 
 
-def _spec(o: dict[str, Any]) -> dict[str, Any]:
+def reference_spec(o: dict[str, Any]) -> dict[str, Any]:
     model = load_model(o["model"])
     if o["layers"] is not None:
         if o["layers"] < 1:
@@ -77,16 +78,20 @@ def predict(spec: dict[str, Any], profile: EagerProfile) -> tuple[int, str]:
     return est.peak.bytes.allocated, est.peak_phase
 
 
-def traced_prediction(request: dict[str, Any], profile: EagerProfile) -> tuple[int, str]:
-    """The estimator's allocator peak and phase for a ``--hf`` step (no device overheads)."""
+def traced_prediction(request: dict[str, Any], profile: Any, sizes: Path | None) -> tuple[int, str]:
+    """The estimator's allocator peak and phase for a ``--hf``/``--module`` step (no device
+    overheads); a ``--module`` model's sizes come from ``sizes`` (``--module-config``)."""
     source, knobs = request["source"], request["knobs"]
-    if source["kind"] != "hf":
+    if source["kind"] == "hf":
+        model = load_model(source["config"])
+    elif sizes is not None:
+        model = load_model(sizes)
+    else:
         raise ConfigError(
             "--calibration",
             "predicting a --module step needs the model's sizes",
-            "use `dssup estimate --model CONFIG --calibration PROFILE`",
+            "add --module-config CONFIG (a config.json of the model's sizes)",
         )
-    model = load_model(source["config"])
     training = Training(
         micro_batch=knobs["micro_batch"],
         seq_len=knobs["seq_len"],
@@ -98,7 +103,7 @@ def traced_prediction(request: dict[str, Any], profile: EagerProfile) -> tuple[i
     return est.peak.bytes.allocated, est.peak_phase
 
 
-def _common(fn: Any) -> Any:
+def common_options(fn: Any) -> Any:
     options = [
         click.option(
             "--model",
@@ -132,7 +137,7 @@ def _common(fn: Any) -> Any:
 
 
 @main.command("measure")
-@_common
+@common_options
 @source_options
 @click.option("--micro-batch", "-b", type=int, default=1, show_default=True)
 @click.option(
@@ -188,9 +193,10 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
         request: dict[str, Any] = {"source": source, "knobs": traced_knobs(o)}
         out = run_child(TRACED, f"measure-{mode}", request)
         if calibration is not None:
-            _predict_into(out, traced_prediction(request, _profile(calibration)))
+            sizes = o.get("module_config")
+            _predict_into(out, traced_prediction(request, _profile(calibration), sizes))
     else:
-        spec = _spec(o)
+        spec = reference_spec(o)
         out = run_child(REFERENCE, f"measure-{mode}", spec)
         if calibration is not None:
             _predict_into(out, predict(spec, _profile(calibration)))
@@ -200,8 +206,8 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
     click.echo(render_measurement(out, mode))
 
 
-def _profile(path: Path) -> EagerProfile:
-    return EagerProfile.model_validate_json(path.read_text(encoding="utf-8"))
+def _profile(path: Path) -> Any:
+    return load_profile(path)
 
 
 def _predict_into(out: dict[str, Any], predicted: tuple[int, str]) -> None:
@@ -233,27 +239,3 @@ def render_measurement(out: dict[str, Any], mode: str) -> str:
             f"error {out['error']:+.2%}"
         )
     return "\n".join(lines)
-
-
-@main.command("calibrate")
-@_common
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="Where to write the eager profile JSON.",
-)
-def calibrate_cmd(out: Path, **o: Any) -> None:
-    """Trace one layer of each kind of a model and store its eager profile (needs torch).
-
-    \b
-    The traces run under FakeTensorMode at the model's full shapes (nothing is allocated), at
-    micro-batch 1 and 2, for every recompute level. Pass the JSON to `dssup measure
-    --calibration` or, in Python, as Training(implementation=EagerProfile(...)).
-    Example:
-      dssup calibrate --model deepseek-v2-lite --seq-len 4096 --dtype bf16 --out v2lite.json
-    """
-    profile = run_child(REFERENCE, "calibrate", _spec(o))
-    EagerProfile.model_validate(profile)
-    out.write_text(json.dumps(profile, indent=2) + "\n")
-    click.echo(f"eager profile written to {out}")

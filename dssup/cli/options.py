@@ -6,6 +6,7 @@ function that turns the flags into the memory model's objects.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,14 +19,18 @@ from dssup.memory.config import Convention
 from dssup.memory.defaults import default_precision
 from dssup.memory.gpus import find_gpu, parse_size
 from dssup.memory.profile import EagerProfile
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import profile_from_json
 from dssup.modelio import load_model
 
 __all__ = [
     "build_inputs",
     "host_inputs",
     "layout_options",
+    "load_profile",
     "model_options",
     "overhead_options",
+    "profile_from_json",
     "training_options",
 ]
 
@@ -259,8 +264,8 @@ def training_options(fn: F) -> F:
                 "--calibration",
                 type=click.Path(exists=True, dir_okay=False, path_type=Path),
                 default=None,
-                help="Eager implementation profile from `dssup calibrate` (JSON): activation "
-                "and transient bytes traced from your own model code.",
+                help="Profile from `dssup calibrate --hf/--module` (JSON): activation and "
+                "transient bytes traced from your own model code.",
             ),
             click.option(
                 "--dtypes",
@@ -377,18 +382,20 @@ def _modules(text: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _profile(path: Path | None) -> EagerProfile | None:
-    """The ``eager`` profile written by ``dssup calibrate``."""
+def load_profile(path: Path | None) -> EagerProfile | TracedProfile | None:
+    """The profile ``dssup calibrate`` wrote: ``traced`` (format 2, the user's own code) or
+    ``eager`` (format 1, reference blocks); a newer format is refused by its version."""
     if path is None:
         return None
     try:
-        return EagerProfile.model_validate_json(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(
             "--calibration",
             f"{path} is not a calibration file ({exc.__class__.__name__})",
             "pass the JSON written by `dssup calibrate`",
         ) from exc
+    return profile_from_json(doc, str(path))
 
 
 def build_layout(o: dict[str, Any], dp: int) -> Layout:
@@ -421,7 +428,7 @@ def build_training(o: dict[str, Any], grad_accum: int) -> Training:
         precision=_precision(
             o.get("precision"), o.get("dtypes"), o.get("convention") or "megatron"
         ),
-        implementation=_profile(o.get("calibration")),
+        implementation=load_profile(o.get("calibration")),
         moe_imbalance=o["moe_imbalance"],
         framework=o.get("framework"),
         loss=o.get("loss"),

@@ -135,7 +135,10 @@ def _run_dir(command: list[str], o: dict[str, Any]) -> tuple[str, Path]:
 
 def _model_step(o: dict[str, Any], plan: TrainingPlan) -> Any:
     if not o.get("model"):
+        if o.get("calibration"):
+            raise ConfigError("--calibration", "applies to --model", "add --model CONFIG")
         return None
+    from dssup.cli.options import load_profile
     from dssup.memory import Layout, Training
     from dssup.memory.gpus import parse_size
     from dssup.memory.topology import topology_of
@@ -145,7 +148,7 @@ def _model_step(o: dict[str, Any], plan: TrainingPlan) -> Any:
     if not o.get("gpu_memory"):
         raise ConfigError("--gpu-memory", "needed with --model", "e.g. --gpu-memory 80GiB or H100")
     layout = Layout(tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"], dp=plan.dp)
-    base = Training(seq_len=o["seq_len"])
+    base = Training(seq_len=o["seq_len"], implementation=load_profile(o.get("calibration")))
     return ModelStep(
         model=load_model(o["model"]), layout=layout, base=base,
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"), margin=o["margin"],
@@ -232,6 +235,11 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
 @click.option("--checkpoint-pattern", help="Glob under --checkpoint-dir (default: auto-detect).")
 @click.option("--model", help="Preset or config.json: plan remedies with the memory model.")
 @click.option("--gpu-memory", help="GPU capacity for --model: 80GiB, H100, ...")
+@click.option(
+    "--calibration",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Profile from `dssup calibrate` for --model (your own model code's bytes).",
+)
 @click.option("--seq-len", type=int, default=4096, show_default=True)
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--pp", type=int, default=1, show_default=True)

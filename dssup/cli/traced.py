@@ -19,7 +19,13 @@ import click
 from dssup.errors import ConfigError, DssupError
 from dssup.modelio import read_config
 
-__all__ = ["run_child", "source_options", "traced_knobs", "traced_source"]
+__all__ = ["ProfileRefused", "run_child", "source_options", "traced_knobs", "traced_source"]
+
+
+class ProfileRefused(DssupError):
+    """The traces do not follow the profile's model: no profile is written (exit 1)."""
+
+    exit_code = 1
 
 
 def run_child(module: str, command: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +47,8 @@ def run_child(module: str, command: str, request: dict[str, Any]) -> dict[str, A
     if proc.returncode == 2 and isinstance(last.get("error"), dict):
         err = last["error"]
         raise ConfigError(str(err["field"]), str(err["problem"]), str(err.get("fix", "")))
+    if proc.returncode == 3 and "refused" in last:
+        raise ProfileRefused(f"profile refused: {last['refused']}")
     if proc.returncode != 0 or not last:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         raise DssupError(f"{command} failed (exit {proc.returncode}): {tail[0]}")
@@ -62,13 +70,20 @@ def source_options(fn: Any) -> Any:
             "module",
             default=None,
             help="Your own model: 'package.module:factory', a function returning "
-            "(model, make_batch); see examples/custom_block.py.",
+            "(model, make_batch); see examples/custom_block/model.py.",
         ),
         click.option(
             "--module-path",
             type=click.Path(exists=True, file_okay=False, path_type=Path),
             default=None,
             help="Folder to import --module from (default: the current folder).",
+        ),
+        click.option(
+            "--module-config",
+            type=click.Path(exists=True, path_type=Path),
+            default=None,
+            help="--module: a config.json stating the model's sizes (for --calibration "
+            "predictions; see examples/custom_block/config.json).",
         ),
         click.option(
             "--attn",
@@ -91,6 +106,8 @@ def traced_source(o: dict[str, Any]) -> dict[str, Any] | None:
         )
     if o.get("attn") and not o.get("hf"):
         raise ConfigError("--attn", "applies to --hf only", "drop --attn")
+    if o.get("module_config") and not o.get("module"):
+        raise ConfigError("--module-config", "applies to --module only", "drop --module-config")
     if o.get("hf"):
         config, path = read_config(o["hf"])
         if o.get("layers") is not None:

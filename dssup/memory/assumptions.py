@@ -12,6 +12,8 @@ from dssup.memory.describe import architecture_lines
 from dssup.memory.framework_notes import framework_lines
 from dssup.memory.offload import offload_assumptions
 from dssup.memory.spec import ModelSpec
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import traced_assumptions
 
 __all__ = ["assumptions"]
 
@@ -128,6 +130,8 @@ def assumptions(
     if conv == "megatron":
         out += framework_lines(m, training, r)
     prof = training.implementation
+    if isinstance(prof, TracedProfile):
+        return traced_assumptions(prof, m, layout, training, r.precision) + out
     if prof is not None:
         out.insert(
             0,

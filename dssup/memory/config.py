@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dssup.errors import ConfigError
 from dssup.memory.profile import EagerProfile
+from dssup.memory.traced import TracedProfile
 
 __all__ = [
     "RECOMPUTE_MODULES",
@@ -215,10 +216,10 @@ class Training(BaseModel):
     )
     offload_params: bool = Field(False, description="ZeRO-3 parameters in host memory")
     moe_imbalance: float = Field(1.0, ge=1.0, description="max/mean routed tokens per rank")
-    implementation: EagerProfile | None = Field(
+    implementation: EagerProfile | TracedProfile | None = Field(
         None,
-        description="trace-derived eager-PyTorch profile (dssup calibrate); None = the "
-        "convention's activation model (Megatron kernels)",
+        description="trace-derived profile (dssup calibrate): eager (reference blocks) or "
+        "traced (the user's own model code); None = the convention's activation model",
     )
     framework: Framework | None = Field(
         None,

@@ -19,7 +19,7 @@ from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Recompute,
 from dssup.memory.defaults import Resolved
 from dssup.memory.moments import Moment, eager_moments
 from dssup.memory.params import Split
-from dssup.memory.profile import eager_tail, eager_terms
+from dssup.memory.profile import EagerProfile, eager_tail, eager_terms
 from dssup.memory.schedule import held_counts, interleaved_states
 from dssup.memory.spec import ModelSpec
 from dssup.memory.stages import (
@@ -30,6 +30,8 @@ from dssup.memory.stages import (
     stage_params,
 )
 from dssup.memory.states import States, constant, finish, states, tails, zero3_working_set
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import stored_terms
 
 __all__ = [
     "PreparedDevice",
@@ -112,10 +114,15 @@ class PreparedDevice:
 
 
 def _eager_profile_terms(c: Ctx, sp: StageParams) -> dict[Recompute, tuple[Term, ...]]:
-    """An eager profile: terms measured per layer kind and recompute level."""
+    """An eager profile: terms measured per layer kind and recompute level; a traced one: what
+    the blocks keep from forward to backward (for the report; its peak is replayed)."""
     assert c.profile is not None  # checked by the caller; not input validation
-    edge = sp.first or sp.last
-    found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
+    if isinstance(c.profile, TracedProfile):
+        dense, moe = sp.dense_layers, sp.moe_layers
+        found = stored_terms(c.profile, dense, moe, c.s, c.s_full, c.seq)
+    else:
+        edge = sp.first or sp.last
+        found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
     terms = tuple(Term(name, group, b) for name, group, b in found)
     return {rc: tuple(t for t in terms if keep(t.group, rc, c)) for rc in RECOMPUTE_LEVELS}
 
@@ -205,7 +212,11 @@ def prepare(
         sp = stage_params(m, layout, conv, layers, i, r.mtp, pad)
         kinds = pattern[layers.start : layers.stop]
         terms, acts, work = _stage_terms(c, sp, kinds)
-        const, moments = eager_moments(c, sp, kinds, layout, acts, layer_work)
+        const, moments = (
+            (None, ())  # a traced profile replays the whole step (``traced_device``)
+            if isinstance(c.profile, TracedProfile)
+            else eager_moments(c, sp, kinds, layout, acts, layer_work)
+        )
         stages.append(PreparedStage(i, layers, sp, terms, acts, work, tail, const, moments))
     return [
         _device(m, rank, tuple(stages[j] for j in held))
@@ -241,7 +252,7 @@ def _kinds(m: ModelSpec) -> tuple[bool, ...]:
 
 def _tail(c: Ctx) -> dict[Recompute, int] | None:
     """Per-sample end-of-backward bytes of an eager profile that has the term."""
-    if c.profile is None:
+    if not isinstance(c.profile, EagerProfile):
         return None
     found = {rc: eager_tail(c.profile, rc, c.s, c.t) for rc in RECOMPUTE_LEVELS}
     return {rc: v[0] for rc, v in found.items() if v is not None} or None

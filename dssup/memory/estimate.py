@@ -29,9 +29,12 @@ from dssup.memory.core import (
     tails,
 )
 from dssup.memory.defaults import Resolved, resolve
-from dssup.memory.params import Split
+from dssup.memory.params import Split, model_total
 from dssup.memory.result import Estimate, HeldStage, ParamCounts, StageBytes, StageEstimate
 from dssup.memory.spec import ModelSpec
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_device import traced_device, traced_in_flight
+from dssup.memory.traced_stage import check_profile, without_untraced_mtp
 from dssup.memory.validate import validate
 
 __all__ = ["estimate"]
@@ -83,6 +86,12 @@ def _device(
     for later, per in tails(dev, s, t, r, rc):  # later moments of the backward
         fb = max(fb, later + per * b)
     opt = s.static + s.transient
+    if isinstance(t.implementation, TracedProfile):  # the user's own step, replayed
+        ts = traced_device(t.implementation, dev, layout, t, s.ms.gradients)
+        n = traced_in_flight(dev, layout, rc, t.grad_accum)
+        acts, work, const = ts.forward_backward(b, n)[0], 0, 0
+        fb = s.static + acts + s.working_set + r.comm_buffer_bytes
+        opt += ts.batch(b)
     frag, total = finish(max(fb, opt), r, ov)
     sbytes = StageBytes(
         weights=s.ms.weights,
@@ -127,6 +136,10 @@ def estimate(
 ) -> Estimate:
     """Per-GPU memory of every pipeline rank; the peak rank; whether it fits the GPU and, with
     ``host_memory_bytes`` (per node, ``gpus_per_node`` GPUs sharing it), the host."""
+    notes: list[str] = []
+    if isinstance(training.implementation, TracedProfile):
+        model, notes = without_untraced_mtp(model, training.implementation)
+        check_profile(training.implementation, model_total(model, "megatron"), training.recompute)
     ov = overheads or Overheads()
     r = resolve(convention, training, ov)
     validate(model, layout, training, r)
@@ -154,7 +167,7 @@ def estimate(
         gpu_memory_bytes=gpu_memory_bytes,
         fits=all(checks) if checks else None,
         headroom_bytes=None if gpu_memory_bytes is None else gpu_memory_bytes - peak_bytes,
-        assumptions=assumptions(model, layout, training, convention, r, ov, gpus_per_node),
+        assumptions=notes + assumptions(model, layout, training, convention, r, ov, gpus_per_node),
         schedule=layout.schedule,
         framework=None if convention == "paper" else r.framework,
         gpus_per_node=gpus_per_node,

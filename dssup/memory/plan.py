@@ -25,10 +25,14 @@ from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traff
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.layouts import search_layouts
 from dssup.memory.offload import host_states, with_overhead
+from dssup.memory.params import model_total
 from dssup.memory.schedule import check_micro_batches
 from dssup.memory.spec import ModelSpec
 from dssup.memory.steptime import fold_layout, recompute_spec
 from dssup.memory.topology import Topology, default_topology
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_device import traced_device, traced_in_flight
+from dssup.memory.traced_stage import TracedStage, check_profile, without_untraced_mtp
 from dssup.memory.validate import check_split, divisors, validate
 
 __all__ = ["Candidate", "PlanRequest", "PlanResult", "plan"]
@@ -225,6 +229,8 @@ class _Row(NamedTuple):
     # later backward moments (eager end of backward, freed gradients): per level, pairs of
     # (batch-independent bytes with static and buffers, per-sample bytes)
     tails: dict[Recompute, tuple[tuple[int, int], ...]]
+    device: PreparedDevice | None = None  # a traced profile: the device to replay
+    traced: dict[Recompute, TracedStage] | None = None  # a traced profile: replay by level
 
 
 _NO_TAILS: dict[Recompute, tuple[tuple[int, int], ...]] = dict.fromkeys(RECOMPUTE_LEVELS, ())
@@ -260,6 +266,7 @@ class _Search:
         # Eager frameworks checkpoint whole layers only: no selective level to search.
         eager = req.convention == "megatron" and self.r.framework in ("transformers", "deepspeed")
         self.levels = tuple(rc for rc in req.recompute if not (eager and rc == "selective"))
+        self.levels = _traced_levels(req, self.levels)
         self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
         kinds = req.offloads or (("none", "optimizer", "both") if allow_offload else ("none",))
         if not allow_offload:
@@ -364,6 +371,8 @@ class _Search:
         parts: list[tuple[list[int], int | None]] = [(micro, None)]
         if split and rows in micro:
             parts = [(micro[:-1], 2), ([rows], 1)] if len(micro) > 1 else [([rows], 1)]
+        elif split:  # every config accumulates (m = 1 is not a valid schedule here)
+            parts = [(micro, 2)]
         for zero in req.zero_stages:
             for off_opt, off_par in self.offloads:
                 if off_par and zero != 3:
@@ -411,6 +420,9 @@ class _Search:
         rows: int,
     ) -> None:
         """All micro-batch sizes for one (ZeRO, offload, recompute): the hot loop."""
+        if rows_st[0].traced is not None:  # a traced profile: the replay, not linear terms
+            self._traced_sweep(layout, rows_st, lc, choice, rc, micro, rows)
+            return
         r, ov = self.r, self.ov
         zero, off_opt, off_par, shard = choice
         frag, extra, budget = (
@@ -481,6 +493,53 @@ class _Search:
             break
         self.evaluated += min(len(micro), i + 1)
 
+    def _traced_sweep(
+        self,
+        layout: Layout,
+        rows_st: list[_Row],
+        lc: _Lazy,
+        choice: tuple[int, bool, bool, int],
+        rc: Recompute,
+        micro: list[int],
+        rows: int,
+    ) -> None:
+        """``_sweep`` for a traced profile: each device's peak from its replay, exactly as
+        ``estimate`` computes it; slower than the linear loop, the same answers."""
+        r, ov = self.r, self.ov
+        zero, off_opt, off_par, shard = choice
+        host_1, host_m = self._host
+        curve: CostCurve | None = None
+        for b in micro:
+            m = rows // b
+            best, row, fb_best, opt_best = -1, rows_st[0], 0, 0
+            for g in rows_st:
+                assert g.traced is not None and g.device is not None  # every traced row has them
+                n = traced_in_flight(g.device, layout, rc, m)
+                fb = g.base_fb + g.traced[rc].forward_backward(b, n)[0]
+                opt = g.opt + g.traced[rc].batch(b)
+                if max(fb, opt) > best:
+                    best, row, fb_best, opt_best = max(fb, opt), g, fb, opt
+            total = best + math.ceil(best * r.fragmentation) + r.cuda_context_bytes
+            total += ov.calibration_bytes
+            phase = "forward-backward" if fb_best >= opt_best else "optimizer-step"
+            key = (zero, b, off_opt, off_par, rc)
+            host = host_1 if m == 1 else host_m
+            self.evaluated += 1
+            if curve is None:
+                curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
+            if total > self.budget:
+                if self.closest is None or total < self.closest[1]:
+                    self.closest = (0.0, total, layout, key, row.stage, phase, m, curve, host)
+                continue
+            self.gpu_fits += 1
+            if host > self.host_budget:  # fits the GPU, not the host: does not fit
+                self.host_limited += 1
+                if self.host_limited_bytes is None or host < self.host_limited_bytes:
+                    self.host_limited_bytes = host
+                continue
+            hit = (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve, host)
+            self.fitting.append(hit)
+
     def _rows(
         self, layout: Layout, groups: list[PreparedDevice], knobs: Training, micro: list[int]
     ) -> list[_Row]:
@@ -532,11 +591,26 @@ class _Search:
                     _NO_TAILS
                     if s.tail is None and not g.stages[0].moments
                     else {rc: tuple(tails(g, s, knobs, self.r, rc)) for rc in RECOMPUTE_LEVELS},
+                    *self._traced(g, layout, knobs, s),
                 )
             )
         n = self.req.gpus_per_node
         self._host = (host_1 * n, host_m * n)
         return out
+
+    def _traced(
+        self, g: PreparedDevice, layout: Layout, knobs: Training, s: States
+    ) -> tuple[PreparedDevice | None, dict[Recompute, TracedStage] | None]:
+        """A traced profile's replay of device ``g`` at each planned level (else nothing)."""
+        prof = knobs.implementation
+        if not isinstance(prof, TracedProfile):
+            return None, None
+        return g, {
+            rc: traced_device(
+                prof, g, layout, knobs.model_copy(update={"recompute": rc}), s.ms.gradients
+            )
+            for rc in self.levels
+        }
 
     def _accumulating(self, s: States, knobs: Training) -> int:
         """Host bytes per GPU of ``s`` when the step accumulates micro-batches (DeepSpeed keeps
@@ -607,8 +681,28 @@ def _nothing_to_search(req: PlanRequest, skipped: list[Layout]) -> ConfigError:
     )
 
 
+def _traced_levels(req: PlanRequest, levels: tuple[Recompute, ...]) -> tuple[Recompute, ...]:
+    """Recompute levels to plan: a traced profile's own (a level it lacks is not planned)."""
+    prof = req.training.implementation
+    if not isinstance(prof, TracedProfile):
+        return levels
+    held = tuple(rc for rc in levels if rc in prof.levels)
+    if not held:
+        raise ConfigError(
+            "--recompute",
+            f"none of {', '.join(levels)} is in the profile (traced: {', '.join(prof.levels)})",
+            "plan the levels the profile holds, or calibrate them",
+        )
+    return held
+
+
 def plan(req: PlanRequest) -> PlanResult:
     """Every config in the search space that fits, ranked by the step-time model (``cost.py``)."""
+    prof = req.training.implementation
+    if isinstance(prof, TracedProfile):
+        model, _ = without_untraced_mtp(req.model, prof)
+        check_profile(prof, model_total(model, "megatron"), next(iter(prof.levels)))
+        req = req.model_copy(update={"model": model})
     warnings: list[str] = []
     topo = req.topology
     if topo is None:

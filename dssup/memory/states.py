@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from dssup.memory.config import Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.defaults import Resolved
 from dssup.memory.offload import host_at_start, host_states, with_overhead
-from dssup.memory.profile import eager_constant, eager_tail
+from dssup.memory.profile import EagerProfile, eager_constant, eager_tail
+from dssup.memory.traced import TracedProfile
 from dssup.memory.zero import ModelStates, model_states
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ def states(
     if t.implementation is not None:
         if t.offload_optimizer and not frameworks:  # paper: the update's temporaries move too
             host += math.ceil(t.implementation.optimizer_transient_per_param * ms.shard_params)
+        if isinstance(t.implementation, TracedProfile):
+            return _traced_states(t, ms, ws, host, host_init)
         return _eager_states(dev, t, ms, ws, host, host_init)
     stepped = ms.shard_params
     if frameworks and t.zero_stage == 3:  # DeepSpeed steps one sub-group at a time
@@ -109,6 +112,20 @@ def _largest_tensor(dev: PreparedDevice) -> int:
     return max(st.params.largest_tensor for st in dev.stages)
 
 
+def _traced_states(t: Training, ms: ModelStates, ws: int, host: int, host_init: int) -> States:
+    """A traced profile: like eager, gradients exist from backward to the optimizer step only
+    (unless accumulating); the replay adds everything else (``traced_device``)."""
+    p = t.implementation
+    assert isinstance(p, TracedProfile)  # checked by the caller; not input validation
+    grads_fb = ms.gradients if t.grad_accum > 1 else 0
+    opt_tmp = (
+        0 if t.offload_optimizer else math.ceil(p.optimizer_transient_per_param * ms.shard_params)
+    )
+    static = ms.weights + ms.optimizer + grads_fb
+    transient = ms.gradients - grads_fb + opt_tmp
+    return States(ms, static, ws, transient, host, None, host_init, grads_fb == 0)
+
+
 def _eager_states(
     dev: PreparedDevice, t: Training, ms: ModelStates, ws: int, host: int, host_init: int
 ) -> States:
@@ -117,7 +134,7 @@ def _eager_states(
     optimizer temporaries make up the optimizer-step transient. Batch-independent saved bytes
     (autocast weight copies, the head gradient at the backward peak) join the working set."""
     p = t.implementation
-    assert p is not None  # checked by the caller; not input validation
+    assert isinstance(p, EagerProfile)  # checked by the caller; not input validation
     grads_fb = 0 if (p.grads_freed_between_steps and t.grad_accum == 1) else ms.gradients
     dense = sum(st.params.dense_layers for st in dev.stages)
     moe = sum(st.params.moe_layers for st in dev.stages)

@@ -15,6 +15,7 @@ from dssup.memory.config import Convention, Recompute
 from dssup.memory.defaults import Resolved
 from dssup.memory.profile import EagerProfile
 from dssup.memory.spec import ModelSpec
+from dssup.memory.traced import TracedProfile
 
 __all__ = [
     "FP8_TILE",
@@ -65,7 +66,7 @@ class Ctx:
     etp: int
     imbalance: float
     vocab: int
-    profile: EagerProfile | None = None  # eager implementation profile (replaces the terms)
+    profile: EagerProfile | TracedProfile | None = None  # trace-derived (replaces the terms)
     r: Resolved | None = None  # resolved precision and framework (None: convention defaults)
 
     @property

@@ -55,8 +55,14 @@ class PhaseTracker(MemTracker):
     """MemTracker that remembers which phase and step were running when the device peak rose
     (the host of an offloaded optimizer is tracked by MemTracker too, but not here)."""
 
-    def __init__(self, log_tensors: bool = False, per_module: bool = True) -> None:
+    def __init__(
+        self, log_tensors: bool = False, per_module: bool = True, timelines: bool = False
+    ) -> None:
         super().__init__()
+        # label -> (total, gradient bytes) over the window's start after every op: every moment
+        # that can hold a peak (calibration fits each one)
+        self.timelines: dict[str, list[tuple[int, int, str]]] | None = {} if timelines else None
+        self._last_op = ""
         # False: no per-module statistics (nothing here reads them; a third of a fake trace's
         # time): MemTracker's module hooks do nothing but the device totals are the same.
         self.per_module = per_module
@@ -70,6 +76,7 @@ class PhaseTracker(MemTracker):
         self.labels: dict[int, str] = {}  # id(winfo) -> "op @ module"
         self.events: list[tuple[int, int, Any]] = []  # (+1 | -1, bytes, winfo)
         self.peak_event = 0  # len(events) when the device peak last rose
+        self.fb_peak, self.fb_peak_event = 0, 0  # the same for the forward/backward peak
         self.module_stack: list[str] = []
         self._op = ""
         self.window = ""  # the running window of the step (see ``mark``)
@@ -102,6 +109,8 @@ class PhaseTracker(MemTracker):
             self.window_events[self.window][1] = len(self.events)
         self.window = label
         self.windows[label] = {"start": now, "peak": now, "end": now}
+        if self.timelines is not None:
+            self.timelines[label] = []
         self.window_events[label] = [len(self.events), len(self.events)]
 
     def watch_blocks(self, blocks: list[nn.Module]) -> None:
@@ -191,13 +200,19 @@ class PhaseTracker(MemTracker):
 
     def _update_snap(self, u_type: Any, winfo: Any, *args: Any, **kwargs: Any) -> None:
         super()._update_snap(u_type, winfo, *args, **kwargs)
-        if not self.log_tensors or winfo.device != DEVICE:
+        if not (self.log_tensors or self.timelines is not None) or winfo.device != DEVICE:
             return
         kind = getattr(u_type, "name", str(u_type))
         if kind == "ADD":
-            where = self.module_stack[-1] if self.module_stack else "-"
-            stage = "backward" if self.phase == "backward" else self.phase
-            self.labels.setdefault(id(winfo), f"{self._op} @ {where} ({stage})")
+            if self.log_tensors:
+                where = self.module_stack[-1] if self.module_stack else "-"
+                ref = str(getattr(winfo.reftype, "value", winfo.reftype))
+                label = (
+                    f"{self._op} @ {where} ({self.phase})"
+                    if self._op
+                    else f"{ref} (before the step)"
+                )
+                self.labels.setdefault(id(winfo), label)
             self.events.append((1, winfo.mem_consumed, winfo))
         elif kind == "DEL":
             self.events.append((-1, winfo.mem_consumed, winfo))
@@ -205,6 +220,11 @@ class PhaseTracker(MemTracker):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.log_tensors:
             self._op = str(getattr(func, "__name__", func))
+        if self.timelines is not None:
+            self._last_op = func.__name__
+            win = self.windows.get(self.window)
+            if win is not None and "first" not in win:  # what was alive before its first op
+                win["first"] = plain(self._curr_mem_snap.get(DEVICE, {"Total": 0}))
         return super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
 
     def _update_peak_stats(self, peak_state: Any) -> None:
@@ -220,16 +240,45 @@ class PhaseTracker(MemTracker):
             self.peak_at = (self.phase, self.step)
             self.peak_event = len(self.events)
         snap = self._curr_mem_snap.get(DEVICE)
+        if snap is not None and self.phase != "optimizer" and snap["Total"] > self.fb_peak:
+            self.fb_peak, self.fb_peak_event = snap["Total"], len(self.events)
         if snap is not None:
             key = f"{self.step}:{self.phase}"
             best = self.phase_peaks.get(key)
             if best is None or snap["Total"] > best["Total"]:
                 self.phase_peaks[key] = plain(snap)
-            if self.window and snap["Total"] > self.windows[self.window]["peak"]["Total"]:
-                self.windows[self.window]["peak"] = plain(snap)
+            if self.window:
+                win = self.windows[self.window]
+                if snap["Total"] > win["peak"]["Total"]:
+                    win["peak"] = plain(snap)
+                if self.timelines is not None:
+                    grads = sum(v for k, v in snap.items() if getattr(k, "value", k) == "Gradient")
+                    self.timelines[self.window].append(
+                        (
+                            snap["Total"] - win["start"]["Total"],
+                            grads - win["start"].get("Gradient", 0),
+                            self._last_op,
+                        )
+                    )
             tail = self.tail_peaks.get(str(self.step))
             if self.in_tail and (tail is None or snap["Total"] > tail["Total"]):
                 self.tail_peaks[str(self.step)] = plain(snap)
+
+    def freed_in(self, label: str) -> dict[str, int]:
+        """Bytes freed during window ``label`` by the earlier window of the same step that
+        created them (events are kept with ``log_tensors`` or ``timelines``)."""
+        first, last = self.window_events.get(label, [0, 0])
+        made: dict[int, str] = {}
+        for lb, (a, b) in self.window_events.items():
+            if b <= first:
+                for sign, _size, winfo in self.events[a:b]:
+                    if sign > 0:
+                        made[id(winfo)] = lb
+        out: dict[str, int] = {}
+        for sign, size, winfo in self.events[first:last]:
+            if sign < 0 and id(winfo) in made:
+                out[made[id(winfo)]] = out.get(made[id(winfo)], 0) + size
+        return out
 
     def kept_from(self, label: str) -> dict[str, int]:
         """Bytes created in window ``label`` and still alive at its end, by creating module."""
@@ -246,11 +295,11 @@ class PhaseTracker(MemTracker):
             out[where] = out.get(where, 0) + size
         return out
 
-    def alive_at_peak(self, top: int = 12) -> list[tuple[str, int, int]]:
-        """The largest groups of storages alive at the device peak, as (label, count, bytes),
-        created after tracking started (parameters and inputs tracked up front are left out)."""
+    def alive_at_peak(self, top: int = 12, fb: bool = False) -> list[tuple[str, int, int]]:
+        """The largest groups of storages alive at the device peak (``fb``: at the forward/
+        backward peak), as (label, count, bytes)."""
         alive: dict[int, tuple[int, Any]] = {}
-        for sign, size, winfo in self.events[: self.peak_event]:
+        for sign, size, winfo in self.events[: self.fb_peak_event if fb else self.peak_event]:
             if sign > 0:
                 alive[id(winfo)] = (size, winfo)
             else:

@@ -1,10 +1,11 @@
-"""``python -m dssup.runtime.traced {measure-real,measure-fake} -``: the torch side.
+"""``python -m dssup.runtime.traced {measure-real,measure-fake,calibrate} -``: the torch side.
 
-``dssup measure --hf/--module`` never imports torch (the CLI
-must not import ``dssup.runtime``): it starts this module, hand it a JSON request on stdin and
+``dssup measure`` and ``dssup calibrate`` (``--hf``/``--module``) never import torch (the CLI
+must not import ``dssup.runtime``): they start this module, hand it a JSON request on stdin and
 read one JSON object back from the last line of stdout. Bad input (``ConfigError``) comes back
 as ``{"error": {"field", "problem", "fix"}}`` with exit status 2, so the CLI can print the one
-line it always prints for bad input.
+line it always prints for bad input; a profile the fit refuses as ``{"refused": message}``
+(the traces that disagree) with exit status 3.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import sys
 import warnings
 
 from dssup.errors import ConfigError
+from dssup.runtime.traced.fit import FitError
 
-COMMANDS = ("measure-real", "measure-fake")
+COMMANDS = ("measure-real", "measure-fake", "calibrate")
 
 
 def _answer(command: str, text: str) -> dict[str, object]:
+    if command == "calibrate":
+        from dssup.runtime.traced.calibrate import CalibrationRequest, calibrate
+
+        return calibrate(CalibrationRequest.model_validate_json(text)).model_dump(mode="json")
     from dssup.runtime.traced.knobs import TracedRun
     from dssup.runtime.traced.step import measure
 
@@ -43,6 +49,9 @@ def main(argv: list[str]) -> int:
         err = {"field": exc.field, "problem": exc.problem, "fix": exc.fix}
         sys.stdout.write(json.dumps({"error": err}) + "\n")
         return 2
+    except FitError as exc:  # the profile does not describe its own traces: refused
+        sys.stdout.write(json.dumps({"refused": str(exc)}) + "\n")
+        return 3
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 

@@ -123,8 +123,7 @@ def _factory(src: ModuleSource) -> Callable[[], Any]:
     return fn  # type: ignore[no-any-return]
 
 
-@contextlib.contextmanager
-def checkpoint_blocks(blocks: list[nn.Module]) -> Iterator[None]:
+def _checkpoint(blocks: list[nn.Module]) -> None:
     """Recompute each block in backward (only its inputs kept): torch.utils.checkpoint."""
     for block in blocks:
         forward = block.forward
@@ -133,11 +132,29 @@ def checkpoint_blocks(blocks: list[nn.Module]) -> Iterator[None]:
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
         block.forward = run
+
+
+@contextlib.contextmanager
+def checkpoint_blocks(blocks: list[nn.Module]) -> Iterator[None]:
+    """``_checkpoint`` while the context lasts."""
+    _checkpoint(blocks)
     try:
         yield
     finally:
         for block in blocks:
             del block.forward  # the class's forward again
+
+
+def _to_bf16(model: nn.Module) -> None:
+    """``model.to(torch.bfloat16)`` tensor by tensor: under FakeTensorMode ``Module.to`` must
+    swap the fake parameters in place, which it refuses ("Couldn't swap Embedding.weight")."""
+    for mod in model.modules():
+        for name, p in mod._parameters.items():
+            if p is not None and p.is_floating_point():
+                mod._parameters[name] = nn.Parameter(p.detach().to(torch.bfloat16), p.requires_grad)
+        for name, buf in mod._buffers.items():
+            if buf is not None and buf.is_floating_point():
+                mod._buffers[name] = buf.to(torch.bfloat16)
 
 
 def _module_job(src: ModuleSource, knobs: Knobs) -> Job:
@@ -148,10 +165,10 @@ def _module_job(src: ModuleSource, knobs: Knobs) -> Job:
         )
     model, make_batch = made
     if knobs.dtype == "bf16":
-        model = model.to(torch.bfloat16)
+        _to_bf16(model)
     stack = find_stack(model)
-    if knobs.checkpointing:
-        checkpoint_blocks(stack.blocks).__enter__()  # for the model's lifetime
+    if knobs.checkpointing:  # for the model's lifetime (not a context: one left unreferenced
+        _checkpoint(stack.blocks)  # is closed at once, undoing it)
 
     def call(m: nn.Module, batch: Batch) -> Any:
         return m(**batch)

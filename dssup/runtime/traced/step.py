@@ -70,6 +70,14 @@ class TracedMeasurement(BaseModel):
         description="last step's windows (fwd:pre, fwd:block:i, fwd:after:i, bwd:head, "
         "bwd:block:i, bwd:embed, opt) -> categories at their start, peak and end",
     )
+    timelines: dict[str, list[tuple[int, int, str]]] = Field(
+        default_factory=dict,
+        description="calibration traces: per window, (bytes, gradient bytes) over its start "
+        "after every operator, and the operator",
+    )
+    top_tensors_fb: list[tuple[str, int, int]] = Field(
+        default_factory=list, description="the same at the forward/backward peak"
+    )
     stored_by_module: dict[str, int] = Field(
         default_factory=dict,
         description="bytes the blocks keep from their forward to their backward, by the module "
@@ -95,6 +103,7 @@ def _loop(job: Job, knobs: Knobs, opt: torch.optim.Optimizer, batch: Any, mt: Ph
         mt.mark("fwd:pre")
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=knobs.dtype == "amp"):
             loss = loss_of(job.call(job.model, batch))
+            mt.mark("fwd:exit")  # leaving autocast frees its cached weight casts
         mt.phase = "backward"
         mt.mark("bwd:head")
         loss.backward()  # type: ignore[no-untyped-call]
@@ -124,18 +133,21 @@ def _agree(diff: int, peak: int, allowance: int) -> bool:
     return abs(diff) <= max(TOLERANCE_BYTES, peak // 10_000) or 0 <= diff <= allowance
 
 
-def run_steps(run: TracedRun, job: Job, mode: Mode, log_tensors: bool = False) -> TracedMeasurement:
+def run_steps(
+    run: TracedRun, job: Job, mode: Mode, log_tensors: bool = False, timelines: bool = False
+) -> TracedMeasurement:
     """Train ``job`` (built for ``run``, in the active tensor mode) for ``run.knobs.steps``
     steps under the tracker; a real run is cross-checked against the profiler."""
     knobs = run.knobs
-    gc.collect()
+    if mode == "real":  # garbage freed during the run would lower the profiler's count only
+        gc.collect()
     for p in job.model.parameters():
         p.grad = None
     opt = _optimizer(knobs, job)
     if mode == "real":
         torch.manual_seed(knobs.seed + 1)
     batch = job.make_batch(knobs.micro_batch, knobs.seq_len)
-    mt = PhaseTracker(log_tensors=log_tensors, per_module=mode == "real")
+    mt = PhaseTracker(log_tensors=log_tensors, per_module=mode == "real", timelines=timelines)
     mt.watch_tail(job.stack.blocks[0])
     mt.watch_blocks(job.stack.blocks)
     mt.name_modules(job.model)
@@ -153,6 +165,9 @@ def run_steps(run: TracedRun, job: Job, mode: Mode, log_tensors: bool = False) -
         finally:
             mt.close()
     seconds = time.perf_counter() - start
+    if timelines:  # what leaving autocast freed, by the window that made it (``levels.py``)
+        for label, size in mt.freed_in("fwd:exit").items():
+            mt.windows[label]["released"] = {"Total": size}
     dev = mt.get_tracker_snapshot("peak")[DEVICE]
     peak = dev["Total"]
     prof_peak = None if prof is None else base + prof.peak()
@@ -181,7 +196,9 @@ def run_steps(run: TracedRun, job: Job, mode: Mode, log_tensors: bool = False) -
         found=job.stack.describe(),
         versions=versions(),
         windows=mt.windows,
+        timelines=mt.timelines or {},
         top_tensors=mt.alive_at_peak() if log_tensors else [],
+        top_tensors_fb=mt.alive_at_peak(fb=True) if log_tensors else [],
         stored_by_module=_stored(mt) if log_tensors else {},
     )
 

@@ -1,0 +1,1 @@
+"""A model with a block of its own, calibrated with ``dssup calibrate --module`` (see model.py)."""
