@@ -54,8 +54,9 @@ class MemoryCapAt:
             return False
         from dssup.runtime import memory_cap
 
-        self.base = vm_bytes("VmSize")
         self.limit = memory_cap(self.budget_mb << 20)
+        # read after: memory_cap trims the heap before it measures, so the size before differs
+        self.base = vm_bytes("VmSize")
         return True
 
 
