@@ -34,7 +34,6 @@ from dssup.supervisor.launchers.base import (
     World,
     gpu_count,
     parse_int,
-    spellings,
 )
 from dssup.supervisor.launchers.torchrun import torchrun_rank_logs
 
@@ -171,17 +170,7 @@ _FLAGS = [
 _SHORT = {"help": "-h", "quiet": "-q", "tee": "-t", "module": "-m"}
 _SINGLE = {"help", "quiet", "tee", "module", "role", "vm", "env", "cpu", "tpu", "debug"}
 
-
-def _spellings(name: str) -> list[str]:
-    return spellings(name, _SINGLE, _SHORT)
-
-
-TABLE = OptionTable.build(
-    "accelerate launch",
-    {n: _spellings(n) for n in _VALUES},
-    {n: _spellings(n) for n in _FLAGS},
-    abbrev=False,
-)
+TABLE = OptionTable.argparse("accelerate launch", _VALUES, _FLAGS, _SINGLE, _SHORT, abbrev=False)
 _MODULE = "accelerate.commands.launch"
 # accelerate's DistributedType values that make it launch several processes through torchrun
 _MULTI = {

@@ -58,6 +58,25 @@ class OptionTable:
         canon = {s: n for n, spellings in {**values, **flags}.items() for s in spellings}
         return cls(launcher, canon, frozenset(values), abbrev)
 
+    @classmethod
+    def argparse(
+        cls,
+        launcher: str,
+        values: Sequence[str],
+        flags: Sequence[str],
+        single: set[str],
+        short: dict[str, str],
+        abbrev: bool = True,
+    ) -> OptionTable:
+        """The table of an argparse launcher: each name's ``spellings`` (both separators unless
+        it is in ``single``, and its short form from ``short``)."""
+        return cls.build(
+            launcher,
+            {n: spellings(n, single, short) for n in values},
+            {n: spellings(n, single, short) for n in flags},
+            abbrev,
+        )
+
     @property
     def spellings(self) -> frozenset[str]:
         return frozenset(self.canon)

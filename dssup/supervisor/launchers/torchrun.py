@@ -21,7 +21,6 @@ from dssup.supervisor.launchers.base import (
     World,
     gpu_count,
     parse_int,
-    spellings,
 )
 
 __all__ = ["TORCHRUN", "TORCHRUN_FLAGS", "TORCHRUN_OPTIONS", "Torchrun", "torchrun_rank_logs"]
@@ -37,16 +36,7 @@ _FLAG_OPTS = ("standalone", "module", "no-python", "run-path", "virtual-local-ra
 _SINGLE = {"nnodes", "standalone", "role", "module", "help", "redirects", "tee"}
 _SHORT = {"redirects": "-r", "tee": "-t", "module": "-m", "help": "-h"}
 
-
-def _spellings(name: str) -> list[str]:
-    return spellings(name, _SINGLE, _SHORT)
-
-
-TABLE = OptionTable.build(
-    "torchrun",
-    {n: _spellings(n) for n in _VALUE_OPTS},
-    {n: _spellings(n) for n in _FLAG_OPTS},
-)
+TABLE = OptionTable.argparse("torchrun", _VALUE_OPTS, _FLAG_OPTS, _SINGLE, _SHORT)
 TORCHRUN_OPTIONS: frozenset[str] = frozenset(
     s for s, n in TABLE.canon.items() if n in TABLE.takes_value
 )
