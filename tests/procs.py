@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["processes_with_token_prefix", "reap", "reap_tokens", "run_reaped"]
+__all__ = ["dssup_cli", "processes_with_token_prefix", "reap", "reap_tokens", "run_reaped"]
 
 
 def processes_with_token_prefix(prefix: str) -> list[int]:
@@ -114,3 +115,8 @@ def run_reaped(
         reap(proc, run_dir, grace=10)
         raise
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def dssup_cli(*args: str, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m dssup ARGS`` as a user runs it (output captured as text), reaped on a timeout."""
+    return run_reaped([sys.executable, "-m", "dssup", *args], timeout, **kwargs)

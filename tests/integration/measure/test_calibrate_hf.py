@@ -31,6 +31,7 @@ from bench.hf_accuracy import (
 from bench.hf_dataset import row, source
 from dssup.runtime.traced import Knobs
 from dssup.runtime.traced.calibrate import CalibrationRequest, calibrate
+from tests.procs import dssup_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
@@ -41,13 +42,7 @@ REMEASURED = [f"{GROUP}/nockpt/b1/s256", f"{GROUP}/nockpt/b8/s512", f"{GROUP}/ck
 
 
 def _dssup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dssup", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    return dssup_cli(*args, timeout=900)
 
 
 def test_calibrate_then_measure_and_estimate_other_sizes(tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.procs import dssup_cli
 
 pytest.importorskip("torch")
 
@@ -27,13 +28,7 @@ TINY_LLAMA = {
 
 
 def _dssup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dssup", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return dssup_cli(*args, timeout=600)
 
 
 def test_calibrate_then_measure_predicts_the_real_peak(tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.procs import dssup_cli
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -18,13 +19,7 @@ LLAMA = Path(__file__).resolve().parents[3] / "bench" / "hf_models" / "llama-gqa
 
 
 def _dssup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dssup", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return dssup_cli(*args, timeout=600)
 
 
 def test_measure_hf_runs_the_transformers_model_and_cross_checks() -> None:

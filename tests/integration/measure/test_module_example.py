@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.procs import dssup_cli
 
 pytest.importorskip("torch")
 
@@ -25,13 +26,7 @@ CONFIG = str(ROOT / "examples" / "custom_block" / "config.json")
 
 
 def _dssup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dssup", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    return dssup_cli(*args, timeout=900)
 
 
 def test_module_factory_calibrates_measures_and_estimates(tmp_path: Path) -> None:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-DSSUP = [sys.executable, "-m", "dssup"]
+from tests.procs import dssup_cli
+
 V3 = ["--model", "deepseek-v3", "--tp", "2", "--pp", "16", "--ep", "8", "--dp", "32"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DSSUP, *args], check=False, capture_output=True, text=True, timeout=120)
+    return dssup_cli(*args, timeout=120)
 
 
 def test_json_contract() -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
-DSSUP = [sys.executable, "-m", "dssup"]
+from tests.procs import dssup_cli
+
 OFFLOADED = ["--model", "llama-3-8b", "--gpus", "8", "--zero", "3", "--offload", "optimizer"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DSSUP, *args], check=False, capture_output=True, text=True, timeout=120)
+    return dssup_cli(*args, timeout=120)
 
 
 def test_fits_the_gpu_but_not_the_host_does_not_fit() -> None:

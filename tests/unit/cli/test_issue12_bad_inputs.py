@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.procs import dssup_cli
 
 ROOT = Path(__file__).parents[3]
 BINARY = "binary"  # replaced by a real binary file in the test
@@ -111,14 +112,7 @@ CASES = [
 
 def _dssup(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this worktree's code
-    return subprocess.run(
-        [sys.executable, "-m", "dssup", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    return dssup_cli(*args, timeout=120, env=env)
 
 
 @pytest.mark.parametrize(("case", "args", "flag", "fix"), CASES, ids=[c[0] for c in CASES])

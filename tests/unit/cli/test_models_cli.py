@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-DSSUP = [sys.executable, "-m", "dssup"]
+from tests.procs import dssup_cli
+
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "models"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DSSUP, *args], check=False, capture_output=True, text=True, timeout=120)
+    return dssup_cli(*args, timeout=120)
 
 
 def test_hub_id_from_the_registry_any_case() -> None:
