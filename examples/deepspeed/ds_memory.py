@@ -24,16 +24,10 @@ from typing import Any
 import torch
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
+from dssup.runtime import memory_cap
+from dssup.runtime.process import status_bytes as vm_bytes  # a /proc/self/status figure in bytes
+
 __all__ = ["MemoryCapAt", "state_digest", "vm_bytes"]
-
-
-def vm_bytes(key: str) -> int:
-    """A ``/proc/self/status`` figure (VmSize, VmPeak, VmHWM) in bytes."""
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 class MemoryCapAt:
@@ -52,8 +46,6 @@ class MemoryCapAt:
         """Apply the cap if it is due; True when it was applied now."""
         if self.active or not self.budget_mb or step < self.from_step:
             return False
-        from dssup.runtime import memory_cap
-
         self.limit = memory_cap(self.budget_mb << 20)
         # read after: memory_cap trims the heap before it measures, so the size before differs
         self.base = vm_bytes("VmSize")
