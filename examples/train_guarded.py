@@ -9,12 +9,13 @@ this process (an OOM at micro-batch 1, a peer that died) ends the worker with st
 ``dssup run`` takes over: it restarts from the split the job had moved to, from the last
 complete checkpoint.
 
-Run it under dssup, with rank 1 capped so that the long sequences from step 4 do not fit at
-micro-batch 16::
+Run it under dssup, with rank 1's memory capped at what micro-batch 16 holds when the logits
+of step 4 (the first long-sequence step) exist, so the rest of that micro-batch does not fit
+(``--memory-cap-at``, see train_tiny)::
 
     dssup run --global-batch-size 32 --micro-batch-size 16 --checkpoint-dir ckpt -- \\
         torchrun --standalone --nproc-per-node 2 examples/train_guarded.py \\
-        --memory-cap-mib 56 --memory-cap-ranks 1 --out final.pt
+        --memory-cap-at forward --memory-cap-ranks 1 --out final.pt
 
 ``--fsdp`` shards the model with FSDP2 (``fully_shard``) instead of DDP; ``--sync`` picks how the
 guard synchronises gradients (``auto``: deferred for DDP, last for FSDP2). ``--reference OUT``
@@ -24,6 +25,7 @@ trains in one process without the guard: the weights a run that never failed end
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -38,7 +40,7 @@ from torch.nn import functional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_tiny as tiny
 
-from dssup.runtime import StepGuard, clean_exit, memory_cap, read_plan
+from dssup.runtime import StepGuard, clean_exit, read_plan
 from dssup.runtime.checkpoint import load_checkpoint, save_checkpoint
 from dssup.runtime.report import report_checkpoint, report_started
 
@@ -67,15 +69,20 @@ def wrap(args: argparse.Namespace, model: nn.Module) -> nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
-def loss_of(args: argparse.Namespace, model: nn.Module, share: int, seq: int):  # type: ignore[no-untyped-def]
+def loss_of(args: argparse.Namespace, model: nn.Module, share: int, seq: int,
+            cap: tiny.MemoryCap, step: int):  # type: ignore[no-untyped-def]  # fmt: skip
     """The loss of one micro-batch: a token sum over the rank's share, as in train_tiny, so
-    the guard adds micro-batches up unweighted (``loss_reduction="sum"``)."""
+    the guard adds micro-batches up unweighted (``loss_reduction="sum"``). The memory cap is
+    told which micro-batch of which step runs (its named point is in the step's first)."""
+    calls = itertools.count()
 
     def loss_fn(micro: torch.Tensor) -> torch.Tensor:
+        cap.micro_batch(step, next(calls))
         logits = model(micro[:, :-1])
         loss = functional.cross_entropy(
             logits.reshape(-1, tiny.VOCAB), micro[:, 1:].reshape(-1), reduction="sum"
         )
+        cap.watch(loss)
         return loss / (share * seq)
 
     return loss_fn
@@ -84,13 +91,7 @@ def loss_of(args: argparse.Namespace, model: nn.Module, share: int, seq: int):  
 @record
 def main() -> None:
     args = parse_args()
-    # oneDNN (the CPU GELU kernel) builds its primitives in memory of its own; under the
-    # address-space cap that fails as "could not create a primitive", a message that has lost
-    # oneDNN's out-of-memory status, so no one could tell it from a bug (seen at micro-batch 2
-    # of the micro-batch-1 test). The cap stands in for a GPU's memory limit: keep to torch's
-    # own kernels, whose allocation failures say what they are, in the reference run too (the
-    # same kernels, the same numbers).
-    torch.backends.mkldnn.enabled = False
+    tiny.own_kernels()
     if args.reference is not None:
         tiny.reference(args)
         return
@@ -111,9 +112,8 @@ def main() -> None:
         wrapped, opt, global_batch=gb, micro_batch=plan.micro_batch, dp=world, step=start,
         loss_reduction="sum", sync=args.sync, min_micro_batch=args.min_micro_batch,
     )  # fmt: skip
-    capped = args.memory_cap_ranks == "all" or str(rank) in args.memory_cap_ranks.split(",")
-    if args.memory_cap_mib and capped:
-        memory_cap(args.memory_cap_mib << 20)
+    cap = tiny.MemoryCap(args, rank)
+    cap.start(model, lambda: tiny.dry_micro_batch(args, wrapped, start))
     report_started(
         micro_batch=guard.micro_batch, grad_accum=guard.grad_accum, dp=world, global_batch=gb,
         first_step=start, resumed_from=plan.resume_from, recompute=plan.recompute,
@@ -124,7 +124,7 @@ def main() -> None:
     for step in range(start, args.steps):
         seq = tiny.seq_len_at(args, step)
         data = tiny.batch(args, step * gb + rank * share, share, seq)
-        result = guard.step(data, loss_of(args, wrapped, share, seq))
+        result = guard.step(data, loss_of(args, wrapped, share, seq, cap, step))
         if rank == 0:
             print(f"step {step} seq {seq} mb {result.micro_batch} tries {result.tries} "
                   f"loss {float(result.loss):.4f}", flush=True)  # fmt: skip

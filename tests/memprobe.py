@@ -1,0 +1,99 @@
+"""How much address space a piece of training needs *on the machine the tests run on*.
+
+Tests that want an OOM on one side of a config change and none on the other (micro-batch 2
+fails, micro-batch 2 with recompute passes) used to cap the workers at a number of MiB measured
+once, by hand, on one machine. Another machine's kernels, allocator and libraries move those
+needs by a few MiB, and the OOM then lands elsewhere or not at all. Here the need is measured
+where the test runs, with the very mechanism the workers use (``dssup.runtime.memory_cap``,
+``RLIMIT_AS`` above the current size): ``need_bytes`` bisects the smallest budget under which a
+callable runs without an allocator failure. ``probe`` runs a probe script in a subprocess (the
+cap is per process) and returns its JSON; ``cap_between`` places a cap between the need that
+must fail and the need that must pass (their geometric mean), and fails the test with a line
+that says what this machine lacks when the two are too close to separate.
+
+A probe measures one process without gloo or DDP, so the real workers need a little more (DDP's
+gradient buckets and gloo's buffers, a few MiB): the geometric mean leaves the passing side most
+of that room, and ``cap_between`` insists on a ratio that keeps it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MALLOC", "cap_between", "need_bytes", "probe"]
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the capped workers run with: large blocks mapped and unmapped (the address space tracks
+# live tensors), one malloc arena (a new thread's arena would reserve 64 MiB of the cap).
+MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
+MiB = 1 << 20
+
+
+def _fits(fn: Callable[[], None], budget: int) -> bool:
+    from dssup.runtime import memory_cap
+    from dssup.runtime.oom import is_oom
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    memory_cap(budget)
+    try:
+        fn()
+        return True
+    except (RuntimeError, MemoryError) as exc:
+        if not is_oom(exc):
+            raise
+        return False
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        gc.collect()
+
+
+def need_bytes(fn: Callable[[], None], resolution: int = MiB // 4, limit: int = 8 << 30) -> int:
+    """The smallest ``memory_cap`` budget (to ``resolution``) under which ``fn`` runs; call it
+    in a process of its own, after a warm-up run of ``fn`` (lazy imports, kernels' first use)."""
+    low, high = 0, 16 * MiB
+    while not _fits(fn, high):
+        low, high = high, high * 2
+        if high > limit:
+            raise RuntimeError(f"needs more than {limit / MiB:.0f} MiB of address space")
+    while high - low > resolution:
+        mid = (low + high) // 2
+        low, high = (low, mid) if _fits(fn, mid) else (mid, high)
+    return high
+
+
+@functools.cache
+def probe(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script ARGS`` (a probe that prints one JSON object) with the workers' malloc
+    settings; cached for the session, since a machine's needs do not change within it."""
+    env = {**os.environ, **MALLOC, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, script, *args],
+        capture_output=True, text=True, timeout=600, env=env, check=False, cwd=ROOT,
+    )  # fmt: skip
+    if res.returncode != 0:
+        raise RuntimeError(f"probe {script} {args} failed:\n{res.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def cap_between(must_fail: int, must_pass: int, what: str, min_ratio: float = 1.6) -> int:
+    """A budget in MiB between two measured needs (bytes): their geometric mean, rounded down.
+    Fails the calling test, naming both needs, when they differ by less than ``min_ratio``."""
+    import pytest
+
+    if must_fail < min_ratio * must_pass:
+        pytest.fail(
+            f"{what}: on this machine the config that must fail needs {must_fail / MiB:.1f} MiB "
+            f"and the one that must pass {must_pass / MiB:.1f} MiB, less than {min_ratio}x "
+            "apart: no address-space cap separates them with room for the workers' own buffers"
+        )
+    return int((must_fail * must_pass) ** 0.5) // MiB
