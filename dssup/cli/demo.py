@@ -5,8 +5,10 @@ DP 32, 80 GiB GPUs) with ``dssup.memory``, printed with the ``estimate`` command
 cheapest config that fits with the global batch exact (``dssup.memory.plan``).
 
 Part 2 recovers: the example job (``examples/train_tiny.py``, a tiny transformer, 2 gloo ranks
-under real torchrun) runs under ``dssup run`` with a per-worker memory cap, so the long-sequence
-steps really fail in torch's CPU allocator at micro-batch 16. dssup classifies the failure,
+under real torchrun) runs under ``dssup run`` with rank 1's memory capped at what micro-batch
+16 holds when the logits of step 4 (the first long-sequence step) exist, so that step really
+fails in torch's CPU allocator, on any machine (``dssup.runtime.standin``; the budget found is
+kept for the next attempt, whose micro-batch of 8 needs about half). dssup classifies the failure,
 halves the micro-batch, doubles accumulation, resumes from the step-4 DCP checkpoint and
 finishes; the summary shows the attempts, what changed and that the global batch did not; the
 final weights are compared with a single-process run that never failed.
@@ -95,11 +97,12 @@ def _reference(work: Path, echo: Any) -> None:
 @main.command("demo")
 @click.option("--workdir", type=click.Path(path_type=Path), default=None,
               help="Where the run directory, checkpoints and weights go (default ./dssup-runs/demo-<time>).")  # fmt: skip
-@click.option("--memory-cap-mib", type=int, default=56, show_default=True,
-              help="Address-space budget per worker: 56 MiB fails at micro-batch 16, fits at 8.")  # fmt: skip
+@click.option("--memory-cap-mib", type=click.IntRange(min=1), default=None,
+              help="A fixed address-space budget for rank 1 instead (default: what micro-batch "
+              "16 holds when step 4's logits exist, measured by the job itself).")  # fmt: skip
 @click.option("--skip-estimate", is_flag=True, help="Only the recovery part.")
 @click.option("--skip-reference", is_flag=True, help="Do not verify the final weights.")
-def demo_cmd(workdir: Path | None, memory_cap_mib: int, skip_estimate: bool,
+def demo_cmd(workdir: Path | None, memory_cap_mib: int | None, skip_estimate: bool,
              skip_reference: bool) -> None:  # fmt: skip
     """Predict DeepSeek-V3's memory, then watch dssup recover a real job from a real OOM."""
     script = EXAMPLES / "train_tiny.py"
@@ -111,12 +114,16 @@ def demo_cmd(workdir: Path | None, memory_cap_mib: int, skip_estimate: bool,
         click.echo("")
     work = (workdir or Path("dssup-runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if memory_cap_mib is None:
+        cap = ["--memory-cap-at", "forward", "--memory-cap-file", str(work / "memory-cap.json")]
+        said = "rank 1's memory capped at what micro-batch 16 holds when step 4's logits exist"
+    else:
+        cap, said = ["--memory-cap-mib", str(memory_cap_mib)], f"{memory_cap_mib} MiB cap on rank 1"
     click.echo("== 2. Recover: dssup run -- torchrun --nproc-per-node 2 examples/train_tiny.py "
-               f"(micro-batch 16, global batch 32, {memory_cap_mib} MiB cap per worker)")  # fmt: skip
+               f"(micro-batch 16, global batch 32, {said})")  # fmt: skip
     command = [
-        "torchrun", "--standalone", "--nproc-per-node", "2", str(script),
-        "--memory-cap-mib", str(memory_cap_mib), "--memory-cap-ranks", "1",
-        "--out", str(work / "recovered.pt"),
+        "torchrun", "--standalone", "--nproc-per-node", "2", str(script), *cap,
+        "--memory-cap-ranks", "1", "--out", str(work / "recovered.pt"),
     ]  # fmt: skip
     options = {
         "run_dir": work / "run", "global_batch_size": 32, "micro_batch_size": 16,

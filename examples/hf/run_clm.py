@@ -9,10 +9,15 @@ machine has no Hub and no GPU:
 
 * the data is local: ``--train_file`` (plain text) or, without it, ``--synthetic_samples``
   seeded random bytes; a byte-level tokenizer (vocabulary 256) replaces the Hub tokenizer;
-* the memory cap of the CPU notes: with ``RUN_CLM_MEMORY_CAP_MIB`` set, the ranks in
-  ``RUN_CLM_MEMORY_CAP_RANKS`` (default all) cap their address space at that many MiB above
-  their size when optimizer step ``RUN_CLM_MEMORY_CAP_FROM_STEP`` (default 0) begins, so a
-  too-large per-device batch fails in torch's own allocator, as a GPU would run out of memory.
+* the memory cap of the CPU notes, so a too-large per-device batch fails in torch's own
+  allocator as a GPU would run out of memory: the ranks in ``RUN_CLM_MEMORY_CAP_RANKS``
+  (default all) cap their address space when optimizer step ``RUN_CLM_MEMORY_CAP_FROM_STEP``
+  (default 0) begins, ``RUN_CLM_MEMORY_CAP_MIB`` above their size then; or, with
+  ``RUN_CLM_MEMORY_CAP_AT=forward``, at what the step's first micro-batch holds when the
+  model's output embeddings (``lm_head``) have produced its logits, plus 1 MiB, so the loss of
+  that micro-batch fails on any machine and one half as big fits (``dssup.runtime.standin``);
+  the budget found is kept in ``RUN_CLM_MEMORY_CAP_FILE`` (``{rank}`` replaced) for the
+  attempts after, which cap at it when that step begins.
 
     torchrun --standalone --nproc-per-node 2 examples/hf/run_clm.py --model_type gpt2 \\
         --config_overrides n_layer=2,n_embd=32,n_head=2,vocab_size=256,n_positions=128 \\
@@ -83,26 +88,40 @@ def load_text(data_args: DataTrainingArguments, seed: int) -> bytes:
 
 
 class MemoryCap(TrainerCallback):
-    """The CPU notes' cap (``RLIMIT_AS``), applied once at the configured optimizer step."""
+    """The CPU notes' cap (``RLIMIT_AS``), applied once from the configured optimizer step."""
 
     def __init__(self) -> None:
         self.budget_mib = int(os.environ.get("RUN_CLM_MEMORY_CAP_MIB", "0"))
+        self.at = os.environ.get("RUN_CLM_MEMORY_CAP_AT", "")
+        if self.at not in ("", "forward") or (self.at and self.budget_mib):
+            raise SystemExit("RUN_CLM_MEMORY_CAP_AT is 'forward' and excludes _MIB")
         self.from_step = int(os.environ.get("RUN_CLM_MEMORY_CAP_FROM_STEP", "0"))
         ranks = os.environ.get("RUN_CLM_MEMORY_CAP_RANKS", "all")
         self.capped = ranks == "all" or os.environ.get("RANK", "0") in ranks.split(",")
-        self.done = False
+        self.done, self.armed, self.device = False, False, None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+        if self.at and self.capped and model is not None:
+            from dssup.runtime.standin import DeviceStandIn
+
+            self.device = DeviceStandIn(os.environ.get("RUN_CLM_MEMORY_CAP_FILE"))
+            model.get_output_embeddings().register_forward_hook(self._logits)
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        if (
-            self.budget_mib
-            and self.capped
-            and not self.done
-            and state.global_step >= self.from_step
-        ):
+        if self.done or not self.capped or state.global_step < self.from_step:
+            return
+        self.done = True
+        if self.budget_mib:
             from dssup.runtime import memory_cap
 
             memory_cap(self.budget_mib << 20)
-            self.done = True
+        elif self.device is not None:
+            self.armed = self.device.start() is None  # no budget kept yet: find it now
+
+    def _logits(self, *_: object) -> None:
+        if self.armed and self.device is not None:
+            self.armed = False
+            self.device.fill()
 
 
 def main() -> None:

@@ -3,9 +3,11 @@
 ``examples/hf/run_clm.py`` (``HfArgumentParser``, ``TrainingArguments``,
 ``trainer.train(resume_from_checkpoint=...)``, a 2-layer GPT-2 with hidden size 32, random
 init, local synthetic data) knows nothing about dssup. Its only addition is the CPU notes'
-memory cap: from optimizer step 6 on, every rank's address space may grow by 36 MiB, which a
+memory cap: from optimizer step 6 on, every rank's address space is capped at what its first
+micro-batch of that step holds when its logits exist, plus 1 MiB (``RUN_CLM_MEMORY_CAP_AT``,
+the same on any machine; the next attempt caps at the budget found), which the loss of a
 per-device batch of 16 exceeds in torch's own allocator (real ``DefaultCPUAllocator``
-failures) and 8 does not. Under ``dssup run --global-batch-size 32`` with torchrun, and again
+failures) and a batch of 8, holding about half, does not. Under ``dssup run --global-batch-size 32`` with torchrun, and again
 with ``accelerate launch``, dssup must halve the per-device batch with HF's own flags, resume
 from ``checkpoint-4`` through ``--resume_from_checkpoint``, have the Trainer itself confirm
 global batch 32, and end with the weights of a run that never failed (1e-5 relative; the data
@@ -34,7 +36,7 @@ SCRIPT = str(ROOT / "examples" / "hf" / "run_clm.py")
 BIN = Path(sys.executable).parent
 MODEL = ("n_layer=2,n_embd=32,n_head=2,vocab_size=256,n_positions=256,resid_pdrop=0,"
          "embd_pdrop=0,attn_pdrop=0,bos_token_id=0,eos_token_id=0")  # fmt: skip
-CAP = {"RUN_CLM_MEMORY_CAP_MIB": "36", "RUN_CLM_MEMORY_CAP_FROM_STEP": "5"}
+CAP = {"RUN_CLM_MEMORY_CAP_AT": "forward", "RUN_CLM_MEMORY_CAP_FROM_STEP": "5"}
 # glibc maps and unmaps large blocks from the start, so the address space tracks live tensors
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
@@ -82,7 +84,8 @@ def _recover(tmp_path: Path, launcher: list[str]) -> tuple[Path, list[dict], str
     res = run_reaped(
         [str(BIN / "dssup"), "run", "--run-dir", str(run), "--global-batch-size", "32", "--",
          *launcher, *_args(out)],
-        600, run, env=_env(**CAP), cwd=tmp_path,
+        600, run, env=_env(**CAP, RUN_CLM_MEMORY_CAP_FILE=str(tmp_path / "cap-{rank}.json")),
+        cwd=tmp_path,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
     records = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]

@@ -1,7 +1,10 @@
 """Acceptance: ``dssup run`` recovers the example training job from a real allocator OOM.
 
 Real torchrun, two gloo ranks, a real ``DefaultCPUAllocator`` failure under an address-space
-cap at micro-batch 16. dssup must detect it on the failing rank, relaunch at micro-batch 8
+cap at micro-batch 16: rank 1's "device" is what micro-batch 16 holds when the logits of step 4
+exist, plus 1 MiB (``--memory-cap-at forward``, the same on any machine), and the next attempt
+caps at the budget found (``--memory-cap-file``). dssup must detect it on the failing rank,
+relaunch at micro-batch 8
 with twice the accumulation from the step-4 checkpoint, finish, and end with the weights of
 runs that never failed (same global batch, same data order): a torchrun run without a cap and
 a single-process run, both within 1e-5 relative.
@@ -50,8 +53,10 @@ def test_recovers_from_a_real_oom_with_the_global_batch_exact(tmp_path):
             "--nproc-per-node",
             "2",
             EXAMPLE,
-            "--memory-cap-mib",
-            "56",
+            "--memory-cap-at",
+            "forward",
+            "--memory-cap-file",
+            str(tmp_path / "cap-{rank}.json"),
             "--memory-cap-ranks",
             "1",
             "--out",
@@ -81,6 +86,9 @@ def test_recovers_from_a_real_oom_with_the_global_batch_exact(tmp_path):
     assert [r["batch"]["status"] for r in reports] == ["verified", "verified"]
     assert [r["first_step"] for r in reports] == [0, 4]  # attempt 2 really resumed at step 4
     assert reports[1]["completed_ranks"] == [0, 1]
+    budget = json.loads((tmp_path / "cap-1.json").read_text())["budget_bytes"]
+    assert budget > 16 << 20, "the device holds micro-batch 16's activations up to its logits"
+    assert not (tmp_path / "cap-0.json").exists(), "rank 0 ran uncapped"
 
     never = run_reaped(
         [

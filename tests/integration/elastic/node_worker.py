@@ -2,7 +2,9 @@
 
 * ``--cap-node N``: torchrun's c10d rendezvous hands out global ranks in an order the test
   cannot choose, so "an OOM on node 1" is expressed by node: when ``DSSUP_NODE_RANK`` (set by
-  dssup on every attempt) equals N this worker caps its own rank's memory, others run uncapped.
+  dssup on every attempt) equals N this worker caps its own rank's memory, others run uncapped;
+  ``{node}`` in any argument (a ``--memory-cap-file`` kept from one generation to the next)
+  becomes the node rank.
 * ``--step-delay S``: sleep S seconds after each step, so a test has time to kill or add a
   node mid-run on a 2-core machine where a real step takes milliseconds.
 
@@ -31,7 +33,7 @@ def _take(argv: list[str], flag: str) -> str | None:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
+    argv = [a.replace("{node}", os.environ.get("DSSUP_NODE_RANK", "")) for a in sys.argv[1:]]
     cap_node, delay = _take(argv, "--cap-node"), float(_take(argv, "--step-delay") or 0)
     ranks = os.environ["RANK"] if os.environ.get("DSSUP_NODE_RANK") == cap_node else "none"
     sys.argv = [str(EXAMPLE), *argv, "--memory-cap-ranks", ranks]

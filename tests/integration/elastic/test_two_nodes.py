@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.memprobe import MALLOC, cap_between, probe
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.torch]
 
 
@@ -115,10 +117,13 @@ def _max_diff(a: Path, b: Path) -> float:
 
 
 def test_oom_on_node_1_gives_one_decision_and_the_same_plan_everywhere(tmp_path: Path) -> None:
-    """--nnodes 2: rank on node 1 OOMs (real allocator failure under a memory cap); node 0
-    only sees its peer vanish. One decision (by node 0, the leader), both relaunch with it."""
+    """--nnodes 2: rank on node 1 OOMs (real allocator failure under a memory cap sized by
+    what its micro-batch 16 holds when step 2's logits exist, kept for the next generation);
+    node 0 only sees its peer vanish. One decision (by node 0, the leader), both relaunch
+    with it."""
     job = ["--steps", "4", "--long-from-step", "2", "--checkpoint-every", "1",
-           "--memory-cap-mib", "56", "--cap-node", "1"]  # fmt: skip
+           "--memory-cap-at", "forward", "--memory-cap-file", str(tmp_path / "cap-node{node}.json"),
+           "--cap-node", "1"]  # fmt: skip
     gb = ["--global-batch-size", "32", "--micro-batch-size", "16"]
     port = _port()
     t0 = time.monotonic()
@@ -259,11 +264,10 @@ def test_etcd_survives_losing_the_first_node(tmp_path: Path, etcd: int) -> None:
 
 
 ZERO_WORKER = Path(__file__).resolve().parent / "zero_worker.py"
-# glibc: one arena and unmapped large blocks, so the address-space cap tracks live tensors
-MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
+ZERO_PROBE = Path(__file__).resolve().parent / "probe_zero.py"
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-    "intermediate_size": 1024, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+    "intermediate_size": 2048, "num_hidden_layers": 1, "num_attention_heads": 4,
     "num_key_value_heads": 4, "vocab_size": 8192, "max_position_embeddings": 64,
     "tie_word_embeddings": False,
 }  # fmt: skip
@@ -290,6 +294,17 @@ def _gpu_memory_for_the_demo(config: Path) -> int:
     return int(budget / 0.95) + 1
 
 
+def _real_cap_mib() -> int:
+    """The workers' cap: between what a rank needs for the naive 1-node restart (micro-batch 8,
+    a moment slice twice as big) and the most that the 2-node run (micro-batch 8) and the
+    re-planned 1-node run (micro-batch 4) need, all measured on this machine
+    (``probe_zero.py``; about 154, 114 and 120 MiB on a 2-core VM at width 512). Width 512
+    makes the moment slice about as large as micro-batch 4's activations, which is what keeps
+    the three apart."""
+    need = probe(str(ZERO_PROBE), "--dim", "512", "2:8", "1:8", "1:4")
+    return cap_between(need["1:8"], max(need["2:8"], need["1:4"]), "the ZeRO-1 shrink")
+
+
 def test_shrink_under_zero_changes_the_plan_before_the_attempt(tmp_path: Path) -> None:
     """A ZeRO-1 job (moments sharded by rank) under a real memory cap: at 2 nodes micro-batch 8
     fits; node 1 dies; the memory model predicts the naive 1-node restart (micro-batch 8, twice
@@ -301,7 +316,8 @@ def test_shrink_under_zero_changes_the_plan_before_the_attempt(tmp_path: Path) -
     gpu = _gpu_memory_for_the_demo(config)
     dssup = ["--global-batch-size", "32", "--micro-batch-size", "8", "--zero-stage", "1",
              "--model", str(config), "--gpu-memory", f"{gpu}B", "--seq-len", "64"]  # fmt: skip
-    job = ["--dim", "256", "--steps", "6", "--memory-cap-mib", "101", "--step-delay", "1"]
+    cap = _real_cap_mib()
+    job = ["--dim", "512", "--steps", "6", "--memory-cap-mib", str(cap), "--step-delay", "1"]
     port = _port()
     t0 = time.monotonic()
     kw = {"worker": ZERO_WORKER, "env": MALLOC}
@@ -331,4 +347,4 @@ def test_shrink_under_zero_changes_the_plan_before_the_attempt(tmp_path: Path) -
     )  # fmt: skip
     assert naive.returncode != 0
     assert "can't allocate memory" in naive.stdout + naive.stderr
-    print(f"ZeRO shrink with pre-emptive re-plan: {elapsed:.1f} s")
+    print(f"ZeRO shrink with pre-emptive re-plan: {elapsed:.1f} s (cap {cap} MiB)")

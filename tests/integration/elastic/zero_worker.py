@@ -113,7 +113,7 @@ def load_moments(path: Path, m: torch.Tensor, v: torch.Tensor, lo: int, hi: int)
         del part
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--global-batch-size", type=int, default=32)
@@ -126,7 +126,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", type=Path, default=None, help="rank 0 saves the final parameters")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def adam(flat: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
@@ -136,6 +136,34 @@ def adam(flat: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tenso
     v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
     denom = (v / (1 - b2**step)).sqrt_().add_(eps)
     flat.addcdiv_(m, denom, value=-lr / (1 - b1**step))
+
+
+def train_step(args: argparse.Namespace, model: nn.Module, state: tuple[torch.Tensor, ...],
+               first: int, step: int, share: int, mb: int, gas: int, world: int) -> None:  # fmt: skip
+    """One optimizer step on this rank: ``gas`` micro-batches of ``mb`` samples from sample
+    ``first``, the gradient all-reduce, Adam on this rank's slice, the slices broadcast back.
+    With ``world`` 1 and no process group (a probe) the collectives are skipped."""
+    flat, grad, m, v = state
+    grad.zero_()
+    for k in range(gas):
+        rows = [sample(args.seed, first + k * mb + i, args.seq_len, args.vocab) for i in range(mb)]
+        data = torch.stack(rows)
+        logits = model(data[:, :-1])
+        loss = functional.cross_entropy(
+            logits.reshape(-1, args.vocab), data[:, 1:].reshape(-1), reduction="sum"
+        ) / (share * args.seq_len)
+        loss.backward()
+        del logits, loss
+    collective = dist.is_initialized()
+    for c in chunks(grad) if collective else ():
+        dist.all_reduce(c)
+    grad.div_(world)
+    lo, hi = bounds(flat.numel(), dist.get_rank() if collective else 0, world)
+    adam(flat[lo:hi], grad[lo:hi], m, v, step + 1, args.lr)
+    for r in range(world) if collective else ():
+        a, b = bounds(flat.numel(), r, world)
+        for c in chunks(flat[a:b]):
+            dist.broadcast(c, src=r)
 
 
 @record
@@ -164,27 +192,8 @@ def main() -> None:
            "shard": hi - lo, "recompute": plan.recompute}  # fmt: skip
     print("zero_worker start " + json.dumps(log), flush=True)
     for step in range(start, args.steps):
-        grad.zero_()
-        first = step * gb + rank * share
-        for k in range(gas):
-            rows = [
-                sample(args.seed, first + k * mb + i, args.seq_len, args.vocab) for i in range(mb)
-            ]
-            data = torch.stack(rows)
-            logits = model(data[:, :-1])
-            loss = functional.cross_entropy(
-                logits.reshape(-1, args.vocab), data[:, 1:].reshape(-1), reduction="sum"
-            ) / (share * args.seq_len)
-            loss.backward()
-            del logits, loss
-        for c in chunks(grad):
-            dist.all_reduce(c)
-        grad.div_(world)
-        adam(flat[lo:hi], grad[lo:hi], m, v, step + 1, args.lr)
-        for r in range(world):
-            a, b = bounds(flat.numel(), r, world)
-            for c in chunks(flat[a:b]):
-                dist.broadcast(c, src=r)
+        train_step(args, model, (flat, grad, m, v), step * gb + rank * share, step, share, mb,
+                   gas, world)  # fmt: skip
         if rank == 0:
             print(f"step {step} world {world} mb {mb} gas {gas}", flush=True)
         if plan.checkpoint_dir is not None:

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from sup_helpers import ROOT, dssup_run, journal, of
 
+from tests.memprobe import MALLOC  # the capped workers' glibc settings
+
 EXAMPLE = ROOT / "examples" / "train_guarded.py"
-# glibc: map blocks over 128 KiB, one arena (a thread's arena would reserve 64 MiB of the cap).
-MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
 
 
 def run_dssup(run_dir: Path, *args: str, timeout: float = 240) -> tuple[int, str, list[dict]]:
