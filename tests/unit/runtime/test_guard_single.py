@@ -80,3 +80,9 @@ def test_records(outcome):
     remedy = report.of(InProcessRemedy)[0]
     assert (remedy.old_micro_batch, remedy.micro_batch, remedy.oom_ranks) == (16, 8, (0,))
     assert remedy.consistent and remedy.global_batch == 16
+
+
+def test_each_oom_is_reported_in_the_phase_its_budget_places_it(outcome):
+    forward, backward = read_report(outcome[1]).of(InProcessRemedy)[:2]
+    assert (forward.oom_phases, backward.oom_phases) == (("forward",), ("backward",))
+    assert forward.error.startswith("RuntimeError") and "can't allocate" in backward.error
