@@ -19,7 +19,14 @@ from typing import Any
 
 from dssup.runtime.report import report_completed
 
-__all__ = ["clean_exit", "mark_done", "memory_cap", "status_bytes", "vm_size_bytes"]
+__all__ = [
+    "clean_exit",
+    "mark_done",
+    "memory_cap",
+    "status_bytes",
+    "trimmed_size_bytes",
+    "vm_size_bytes",
+]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -41,17 +48,24 @@ def vm_size_bytes() -> int:
     return status_bytes("VmSize")
 
 
+def trimmed_size_bytes() -> int:
+    """This process's virtual size once glibc maps large blocks on their own and has given the
+    free top of its heap back: the size a cap is measured from (freed heap must not count as
+    live, or the cap is looser than it says)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.malloc_trim(0)
+    return vm_size_bytes()
+
+
 def memory_cap(budget_bytes: int) -> int:
     """Limit this process's address space to its current size plus ``budget_bytes``.
 
     Returns the limit set. Linux only. Call it after start-up (imports, process group, model)
     so the budget measures what training itself allocates.
     """
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    libc.malloc_trim(0)  # heap freed before the cap must not count as live: a looser cap
-    limit = vm_size_bytes() + budget_bytes
+    limit = trimmed_size_bytes() + budget_bytes
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     return limit

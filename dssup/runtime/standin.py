@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from dssup.runtime.process import memory_cap, vm_size_bytes
+from dssup.runtime.process import memory_cap, trimmed_size_bytes
 
 __all__ = ["DeviceStandIn"]
 
@@ -53,7 +53,7 @@ class DeviceStandIn:
         if budget is not None:
             self.limit = memory_cap(budget)
             return self.limit
-        self.base = vm_size_bytes()
+        self.base = trimmed_size_bytes()
         return None
 
     @property

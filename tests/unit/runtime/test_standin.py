@@ -1,0 +1,87 @@
+"""``DeviceStandIn``: a device sized at a named point, then kept for the next attempt.
+
+Two real processes (the cap is per process): the first holds a 16 MiB tensor, fills the device
+there and records the budget; its next 16 MiB allocation fails in torch's own allocator while
+a 256 KiB one fits the slack. The second, a later "attempt", caps at the recorded budget from
+its start: 16 MiB fits, 32 MiB does not. Sizes are the tensors' own, not a machine's figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.memprobe import MALLOC
+
+pytestmark = [pytest.mark.torch]
+MiB = 1 << 20
+
+FIRST = textwrap.dedent("""
+    import json, sys, torch
+    from dssup.runtime.standin import DeviceStandIn
+
+    def fails(numel):
+        try:
+            torch.empty(numel)
+            return False
+        except RuntimeError as exc:
+            return "can't allocate memory" in str(exc)
+
+    device = DeviceStandIn(sys.argv[1])
+    out = {"started": device.start(), "armed_before": device.armed}
+    held = torch.ones(4 << 20)  # 16 MiB, live at the named point
+    device.fill()
+    out |= {"armed_after": device.armed, "big_fails": fails(4 << 20),
+            "small_fits": not fails(64 << 10)}
+    print(json.dumps(out))
+""")
+LATER = textwrap.dedent("""
+    import json, sys, torch
+    from dssup.runtime.standin import DeviceStandIn
+
+    def fits(numel):
+        try:
+            torch.empty(numel)
+            return True
+        except RuntimeError:
+            return False
+
+    device = DeviceStandIn(sys.argv[1])
+    limit = device.start()
+    print(json.dumps({"limit": limit, "armed": device.armed, "fits_16": fits(4 << 20),
+                      "fits_32": fits(8 << 20)}))
+""")
+
+
+def _run(code: str, path: Path) -> dict:
+    env = {**os.environ, **MALLOC, "RANK": "3"}
+    res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         timeout=120, env=env, check=True)  # fmt: skip
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_a_device_sized_at_a_point_fails_beyond_it_and_is_kept(tmp_path: Path) -> None:
+    template = tmp_path / "cap-{rank}.json"
+    first = _run(FIRST, template)
+    assert first == {"started": None, "armed_before": True, "armed_after": False,
+                     "big_fails": True, "small_fits": True}  # fmt: skip
+    kept = json.loads((tmp_path / "cap-3.json").read_text())
+    budget = kept["budget_bytes"]
+    assert 17 * MiB <= budget < 18 * MiB, "the 16 MiB tensor, its page and the 1 MiB slack"
+    assert kept["limit_bytes"] - kept["base_bytes"] == budget
+    later = _run(LATER, template)
+    assert later["limit"] is not None and later["armed"] is False
+    assert (later["fits_16"], later["fits_32"]) == (True, False)
+
+
+def test_fill_before_start_is_refused() -> None:
+    from dssup.runtime.standin import DeviceStandIn
+
+    with pytest.raises(RuntimeError, match="before start"):
+        DeviceStandIn().fill()
