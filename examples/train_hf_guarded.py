@@ -6,13 +6,15 @@ A tiny random-init Llama (no Hub access) trained on synthetic token data with th
 a micro-batch, every rank redoes the accumulation window with the micro-batch split in two
 (the global batch stays per-device batch x accumulation x world), no restart.
 
-``--cap_mib N --cap_from_step S`` caps rank ``--cap_ranks``'s address space from step S on
-(``dssup.runtime.memory_cap``: the CPU stand-in for a full GPU), so that step S fails for real
-in torch's allocator. Run it::
+``--cap_at forward --cap_from_step S`` caps rank ``--cap_ranks``'s address space at what the
+first micro-batch of step S holds when its logits exist, plus 1 MiB (``dssup.runtime.standin``:
+the CPU stand-in for a full GPU, sized by the job itself on any machine), so that step S fails
+for real in torch's allocator and a micro-batch half as big fits; ``--cap_mib N`` caps at N MiB
+above what the rank holds when step S begins instead. Run it::
 
-    MALLOC_ARENA_MAX=1 dssup run --global-batch-size 16 -- torchrun --standalone \\
+    MALLOC_ARENA_MAX=1 dssup run --global-batch-size 32 -- torchrun --standalone \\
         --nproc-per-node 2 examples/train_hf_guarded.py --output_dir out --use_cpu \\
-        --ddp_backend gloo --per_device_train_batch_size 8 --max_steps 4 --cap_mib 40 \\
+        --ddp_backend gloo --per_device_train_batch_size 16 --max_steps 4 --cap_at forward \\
         --cap_from_step 2 --cap_ranks 1 --weights_out final.pt
 """
 
@@ -35,6 +37,7 @@ from transformers import (
 from dssup.runtime import memory_cap
 from dssup.runtime.hf import DssupCallback
 from dssup.runtime.hf_guard import guarded
+from dssup.runtime.standin import DeviceStandIn
 
 
 @dataclass
@@ -42,6 +45,7 @@ class JobArgs:
     seq_len: int = field(default=256, metadata={"help": "tokens per sample"})
     samples: int = field(default=256, metadata={"help": "synthetic samples"})
     cap_mib: int = field(default=0, metadata={"help": "address-space budget; 0: no cap"})
+    cap_at: str = field(default="", metadata={"help": "'forward': size the cap at the logits"})
     cap_from_step: int = field(default=0, metadata={"help": "step from which the cap holds"})
     cap_ranks: str = field(default="all", metadata={"help": "'all' or comma-separated ranks"})
     weights_out: str = field(default="", metadata={"help": "rank 0 saves the final weights"})
@@ -64,13 +68,23 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 class CapAt(TrainerCallback):
     def __init__(self, job: JobArgs) -> None:
-        self.job = job
+        if job.cap_at not in ("", "forward") or (job.cap_at and job.cap_mib):
+            raise SystemExit("--cap_at is 'forward' and excludes --cap_mib")
+        self.job, self.device = job, DeviceStandIn()
+        rank = os.environ.get("RANK", "0")
+        self.mine = job.cap_ranks == "all" or rank in job.cap_ranks.split(",")
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+        if self.job.cap_at and self.mine and model is not None:
+            self.device.fill_at_output(model.get_output_embeddings())
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        rank = os.environ.get("RANK", "0")
-        mine = self.job.cap_ranks == "all" or rank in self.job.cap_ranks.split(",")
-        if self.job.cap_mib and mine and state.global_step == self.job.cap_from_step:
+        if not self.mine or state.global_step != self.job.cap_from_step:
+            return
+        if self.job.cap_mib:
             memory_cap(self.job.cap_mib << 20)
+        elif self.job.cap_at:
+            self.device.start()
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """A tiny transformer trained with gloo on CPU, written the way dssup expects a real job to be.
 
-It shows the whole contract in ~200 lines:
+It shows the whole contract (the last point is the tests' and the demo's stand-in for a GPU):
 
 * the plan comes from ``dssup.runtime.read_plan`` (``DSSUP_MICRO_BATCH_SIZE``, ...) with the
   script's own flags as defaults, so it runs the same with and without ``dssup run``;
@@ -203,7 +203,7 @@ class MemoryCap:
             self.base = self.limit - (self.args.memory_cap_mib << 20)
             return
         self.limit = self.device.start()
-        self.base = self.limit - (self.device.recorded_budget() or 0) if self.limit else None
+        self.base = self.device.base if self.limit else None
         model.head.register_forward_hook(lambda *_: self._at("forward"))
 
     def summary(self) -> str | None:
@@ -226,7 +226,7 @@ class MemoryCap:
 
     def _due(self, point: str) -> bool:
         d = self.device
-        return (d is not None and d.armed and self.capped and self.first
+        return (d is not None and d.pending and self.capped and self.first
                 and self.step == self.at_step and self.args.memory_cap_at == point)  # fmt: skip
 
     def _at(self, point: str) -> None:

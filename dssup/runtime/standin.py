@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from dssup.runtime.process import memory_cap, trimmed_size_bytes
 
@@ -39,6 +40,7 @@ class DeviceStandIn:
         self.slack = slack_bytes
         self.base: int | None = None
         self.limit: int | None = None
+        self.pending = False  # started without a recorded budget, not yet filled
 
     def recorded_budget(self) -> int | None:
         """The budget an earlier attempt found, or None."""
@@ -48,24 +50,20 @@ class DeviceStandIn:
 
     def start(self) -> int | None:
         """Cap at the recorded budget when there is one (returns the limit), else remember the
-        current size as the base that ``fill`` measures from (returns None)."""
+        current size as the base that ``fill`` measures from and wait for it (returns None)."""
         budget = self.recorded_budget()
         if budget is not None:
             self.limit = memory_cap(budget)
+            self.base = self.limit - budget
             return self.limit
-        self.base = trimmed_size_bytes()
+        self.base, self.pending = trimmed_size_bytes(), True
         return None
-
-    @property
-    def armed(self) -> bool:
-        """True until the device is sized (by ``fill``, or by a recorded budget)."""
-        return self.limit is None
 
     def fill(self) -> int:
         """Cap at the current size plus the slack and record the budget; returns the limit."""
         if self.base is None:
             raise RuntimeError("DeviceStandIn.fill() before start()")
-        self.limit = memory_cap(self.slack)
+        self.limit, self.pending = memory_cap(self.slack), False
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             doc = {"budget_bytes": self.limit - self.base, "base_bytes": self.base,
@@ -74,3 +72,14 @@ class DeviceStandIn:
             partial.write_text(json.dumps(doc))
             os.replace(partial, self.path)  # atomic: a later attempt reads all of it or nothing
         return self.limit
+
+    def fill_at_output(self, module: Any) -> Any:
+        """Fill the device the first time ``module`` (a torch module, e.g. the model's output
+        embeddings) has produced its output while the device is pending; returns the hook's
+        handle. The hook returns None: the module's output stays what it was."""
+
+        def hook(*_: Any) -> None:
+            if self.pending:
+                self.fill()
+
+        return module.register_forward_hook(hook)

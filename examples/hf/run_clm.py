@@ -98,14 +98,14 @@ class MemoryCap(TrainerCallback):
         self.from_step = int(os.environ.get("RUN_CLM_MEMORY_CAP_FROM_STEP", "0"))
         ranks = os.environ.get("RUN_CLM_MEMORY_CAP_RANKS", "all")
         self.capped = ranks == "all" or os.environ.get("RANK", "0") in ranks.split(",")
-        self.done, self.armed, self.device = False, False, None
+        self.done, self.device = False, None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
         if self.at and self.capped and model is not None:
             from dssup.runtime.standin import DeviceStandIn
 
             self.device = DeviceStandIn(os.environ.get("RUN_CLM_MEMORY_CAP_FILE"))
-            model.get_output_embeddings().register_forward_hook(self._logits)
+            self.device.fill_at_output(model.get_output_embeddings())
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         if self.done or not self.capped or state.global_step < self.from_step:
@@ -116,12 +116,7 @@ class MemoryCap(TrainerCallback):
 
             memory_cap(self.budget_mib << 20)
         elif self.device is not None:
-            self.armed = self.device.start() is None  # no budget kept yet: find it now
-
-    def _logits(self, *_: object) -> None:
-        if self.armed and self.device is not None:
-            self.armed = False
-            self.device.fill()
+            self.device.start()  # a budget kept by an earlier attempt, or found at the logits
 
 
 def main() -> None:

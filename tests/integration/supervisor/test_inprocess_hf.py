@@ -2,9 +2,10 @@
 the real ``dssup run``, real torchrun with two gloo ranks and a real allocator failure.
 
 ``examples/train_hf_guarded.py``: a tiny random-init Llama (eager attention, 512 tokens per
-sample) with the stock Trainer, global batch 32 = 16 per device x 2 ranks. From step 2 rank 1
-alone caps its address space at 160 MiB above what it holds (measured: micro-batch 16 fails in
-forward, 8 passes). Both ranks redo step 2 as two micro-batches of 8, no restart, and the
+sample) with the stock Trainer, global batch 32 = 16 per device x 2 ranks. In step 2 rank 1
+alone caps its address space at what its micro-batch of 16 holds when the logits exist, plus
+1 MiB (``--cap_at forward``: the loss then cannot be allocated, on any machine; a micro-batch
+of 8 holds about half). Both ranks redo step 2 as two micro-batches of 8, no restart, and the
 weights equal those of the same stock Trainer run in one process with the whole global batch
 per step (measured equal to the two-rank stock run within 1.3e-8).
 """
@@ -39,7 +40,7 @@ def test_a_guarded_trainer_redoes_the_oom_step_in_process(tmp_path):
     code, text, rec = run_dssup(
         run, "--global-batch-size", "32", "--", "torchrun", "--standalone", "--nproc-per-node",
         "2", str(SCRIPT), *HF, "--output_dir", str(tmp_path / "out"), "--ddp_backend", "gloo",
-        "--per_device_train_batch_size", "16", "--cap_mib", "160", "--cap_from_step", "2",
+        "--per_device_train_batch_size", "16", "--cap_at", "forward", "--cap_from_step", "2",
         "--cap_ranks", "1", "--weights_out", str(out),
     )  # fmt: skip
     assert code == 0, text[-4000:]

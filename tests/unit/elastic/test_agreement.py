@@ -121,7 +121,9 @@ def _agreement(tmp: Path, node: int, nodes: str = "1:2", settle: float = 0.5) ->
 
 
 def test_two_nodes_get_one_decision_made_by_the_lowest_rank(tmp_path: Path) -> None:
-    a, b = _agreement(tmp_path, 0), _agreement(tmp_path, 1)
+    # node 1 arrives first; a settle far longer than the 0.1 s stagger keeps it from deciding
+    # alone on a loaded machine, and costs nothing: the decision comes once both are there
+    a, b = _agreement(tmp_path, 0, settle=10), _agreement(tmp_path, 1, settle=10)
     got: dict[int, Decision | None] = {}
     threads = [
         threading.Thread(target=lambda ag=ag, n=n: got.__setitem__(n, ag.wait_for(1)))

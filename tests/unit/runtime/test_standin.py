@@ -34,10 +34,10 @@ FIRST = textwrap.dedent("""
             return "can't allocate memory" in str(exc)
 
     device = DeviceStandIn(sys.argv[1])
-    out = {"started": device.start(), "armed_before": device.armed}
+    out = {"started": device.start(), "pending_before": device.pending}
     held = torch.ones(4 << 20)  # 16 MiB, live at the named point
     device.fill()
-    out |= {"armed_after": device.armed, "big_fails": fails(4 << 20),
+    out |= {"pending_after": device.pending, "big_fails": fails(4 << 20),
             "small_fits": not fails(64 << 10)}
     print(json.dumps(out))
 """)
@@ -54,7 +54,7 @@ LATER = textwrap.dedent("""
 
     device = DeviceStandIn(sys.argv[1])
     limit = device.start()
-    print(json.dumps({"limit": limit, "armed": device.armed, "fits_16": fits(4 << 20),
+    print(json.dumps({"limit": limit, "pending": device.pending, "fits_16": fits(4 << 20),
                       "fits_32": fits(8 << 20)}))
 """)
 
@@ -69,14 +69,14 @@ def _run(code: str, path: Path) -> dict:
 def test_a_device_sized_at_a_point_fails_beyond_it_and_is_kept(tmp_path: Path) -> None:
     template = tmp_path / "cap-{rank}.json"
     first = _run(FIRST, template)
-    assert first == {"started": None, "armed_before": True, "armed_after": False,
+    assert first == {"started": None, "pending_before": True, "pending_after": False,
                      "big_fails": True, "small_fits": True}  # fmt: skip
     kept = json.loads((tmp_path / "cap-3.json").read_text())
     budget = kept["budget_bytes"]
     assert 17 * MiB <= budget < 18 * MiB, "the 16 MiB tensor, its page and the 1 MiB slack"
     assert kept["limit_bytes"] - kept["base_bytes"] == budget
     later = _run(LATER, template)
-    assert later["limit"] is not None and later["armed"] is False
+    assert later["limit"] is not None and later["pending"] is False
     assert (later["fits_16"], later["fits_32"]) == (True, False)
 
 
@@ -85,3 +85,26 @@ def test_fill_before_start_is_refused() -> None:
 
     with pytest.raises(RuntimeError, match="before start"):
         DeviceStandIn().fill()
+
+
+def test_the_output_hook_fills_once_and_leaves_the_output_alone(tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        import json, sys, torch
+        from dssup.runtime.standin import DeviceStandIn
+
+        head = torch.nn.Linear(4, 2)
+        device = DeviceStandIn(sys.argv[1])
+        device.fill_at_output(head)
+        x = torch.ones(3, 4)
+        before = head(x)  # not started: nothing happens
+        device.start()
+        after = head(x)  # fills here
+        limit = device.limit
+        again = head(x)  # filled once only
+        print(json.dumps({"same": bool(torch.equal(before, after) and torch.equal(after, again)),
+                          "filled": limit is not None, "once": device.limit == limit,
+                          "pending": device.pending}))
+    """)
+    got = _run(code, tmp_path / "cap.json")
+    assert got == {"same": True, "filled": True, "once": True, "pending": False}
+    assert (tmp_path / "cap.json").exists()
