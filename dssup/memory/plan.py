@@ -13,29 +13,43 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.errors import ConfigError
-from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Overheads, Recompute, Training
+from dssup.memory.bound import Kept, bound_fold, device_params, lower_bound
+from dssup.memory.capacity import DEFAULT_MARGIN, band, budget
+from dssup.memory.config import (
+    RECOMPUTE_LEVELS,
+    Convention,
+    Framework,
+    Layout,
+    Overheads,
+    Recompute,
+    Schedule,
+    Training,
+)
 from dssup.memory.core import PreparedDevice, States, device_in_flight, prepare, states, tails
-from dssup.memory.cost import CostModel, LayoutCost
+from dssup.memory.cost import CostModel, LayoutCost, with_memory_bound
 from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
-from dssup.memory.layouts import search_layouts
+from dssup.memory.frameworks import framework_schedules
+from dssup.memory.layouts import SplitSearch, layout_splits, search_layouts
 from dssup.memory.offload import host_states, with_overhead
 from dssup.memory.params import model_total
-from dssup.memory.schedule import check_micro_batches
+from dssup.memory.schedule import accumulation_rule, check_micro_batches
 from dssup.memory.spec import ModelSpec
-from dssup.memory.steptime import fold_layout, recompute_spec
+from dssup.memory.steptime import fold_layout, recompute_spec, stored_per_sequence
+from dssup.memory.sweep import InFlight, Row, fit_prefix, peak
 from dssup.memory.topology import Topology, default_topology
 from dssup.memory.traced import TracedProfile
 from dssup.memory.traced_device import traced_device, traced_in_flight
 from dssup.memory.traced_stage import TracedStage, check_profile, without_untraced_mtp
 from dssup.memory.validate import check_split, divisors, validate
+from dssup.memory.zero import model_states
 
-__all__ = ["Candidate", "PlanRequest", "PlanResult", "plan"]
+__all__ = ["BandInfo", "Candidate", "PlanRequest", "PlanResult", "plan"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -71,7 +85,31 @@ class PlanRequest(BaseModel):
         32, ge=1, description="largest virtual-pipeline size the search tries (interleaved)"
     )
     micro_batches: tuple[int, ...] | None = Field(None, description="None = every divisor")
-    margin: float = Field(0.05, ge=0, lt=1, description="fraction of GPU memory kept free")
+    margin: float = Field(
+        DEFAULT_MARGIN,
+        ge=0,
+        lt=1,
+        description="extra fraction of the usable GPU memory kept free, on top of the modelled "
+        "context, buffers and fragmentation (capacity.py); default none",
+    )
+    search_splits: bool = Field(
+        False,
+        description="also try the uneven pipeline splits of splits.py (Megatron's account-for-"
+        "embedding/loss and first/last-stage layer counts) for layouts without a given split; "
+        "each config keeps its best split",
+    )
+    bound: bool = Field(
+        False,
+        description="rank the first ``limit`` rows without sweeping every layout: layouts are "
+        "swept in the order of a lower bound on their step time and skipped once it cannot "
+        "reach the kept rows (bound.py); counts then cover the layouts swept",
+    )
+    frameworks: tuple[Framework, ...] | None = Field(
+        None,
+        description="training frameworks to plan for, each row naming its own; None: "
+        "training.framework's. With DeepSeek's among several, it contributes the DualPipe "
+        "layouts and the others the rest (frameworks.py)",
+    )
     cost: CostModel = Field(default_factory=CostModel, description="step-time model settings")
     topology: Topology | None = Field(
         None,
@@ -106,6 +144,20 @@ class Candidate(BaseModel):
     host_bytes_per_node: int = Field(
         0, description="gpus_per_node x the largest per-GPU host need (offload, model build)"
     )
+    near_limit: bool = Field(
+        False,
+        description="the peak is within the memory model's uncertainty band of the GPU "
+        "(PlanResult.bands): it fits by the model, by less than the model's own error",
+    )
+
+
+class BandInfo(BaseModel):
+    """The uncertainty band one framework's rows were flagged with (capacity.py)."""
+
+    model_config = _FROZEN
+    framework: str
+    fraction: float
+    source: str
 
 
 class PlanResult(BaseModel):
@@ -123,14 +175,27 @@ class PlanResult(BaseModel):
     host_limited_bytes: int | None = Field(
         None, description="smallest host need per node among the host-limited configs"
     )
+    bands: list[BandInfo] = Field(
+        default_factory=list, description="the near-limit band of each planned framework"
+    )
+    near_limit: int = Field(0, description="fitting configs flagged near_limit (before the limit)")
+    layouts_skipped: int = Field(
+        0,
+        description="layouts not swept: their step-time lower bound could not reach the rows "
+        "kept (PlanRequest.bound); 0 for an exhaustive search",
+    )
+    layouts_swept: int = Field(0, description="layouts whose configs were evaluated")
 
 
 def _world(req: PlanRequest) -> int:
     return req.world_size or req.layout.world_size
 
 
-def _layouts(req: PlanRequest) -> Iterator[Layout]:
+def _layouts(
+    req: PlanRequest, schedules: tuple[Schedule, ...] | None, mtp: bool
+) -> Iterator[Layout]:
     base, world, m = req.layout, _world(req), req.model
+    splits = SplitSearch(mtp) if req.search_splits else None
     if not req.search_parallelism:
         mp = base.tp * base.pp * base.cp
         if world % mp:
@@ -139,7 +204,10 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
                 f"{world} GPUs is not a multiple of tp*pp*cp={mp}",
                 "change the GPU count or the layout",
             )
-        yield base.model_copy(update={"dp": world // mp})
+        if schedules is not None and base.schedule not in schedules:
+            return  # this framework does not run the given schedule (frameworks.py)
+        for split in layout_splits(m, base, base.pp, base.vpp, base.schedule, splits):
+            yield base.model_copy(update={"dp": world // mp, "layers_per_stage": split})
         return
     if base.layers_per_stage is not None:  # else every layout of its PP is skipped unseen
         check_split(m, base.layers_per_stage)
@@ -150,7 +218,9 @@ def _layouts(req: PlanRequest) -> Iterator[Layout]:
                 "give one layer count per stage of a PP that divides the GPU count",
             )
     dualpipe = req.training.framework == "deepseek"
-    yield from search_layouts(m, base, world, req.max_tp, req.max_vpp, req.fixed, dualpipe)
+    yield from search_layouts(
+        m, base, world, req.max_tp, req.max_vpp, req.fixed, dualpipe, splits, schedules
+    )
 
 
 def _groups(
@@ -201,54 +271,30 @@ def _dual_kind(
 
 
 def _valid_accumulation(layout: Layout, m: int) -> bool:
-    try:
-        check_micro_batches(layout, m)
-    except ConfigError:
-        return False
-    return True
+    return accumulation_rule(layout, m) == 0
 
 
+_Choice = tuple[int, bool, bool]  # ZeRO stage, optimizer offload, parameter offload
 _OFFLOAD = {"none": (False, False), "optimizer": (True, False), "both": (True, True)}
 _Key = tuple[int, int, bool, bool, Recompute]
-_Hit = tuple[float, int, Layout, _Key, int, str, int, CostCurve, int]
+# a fitting config: step time, layout, (ZeRO, b, offload opt/params, recompute), the device
+# rows, accumulation, its cost curve, host bytes per node, near the limit, and (total, peak
+# stage, phase) where already known (else recomputed from the rows for the chosen few)
+_Exact = tuple[int, int, str]
+_Hit = tuple[float, Layout, _Key, list[Row], int, CostCurve, int, bool, _Exact | None]
 
-
-class _Row(NamedTuple):
-    """One device kind under one (ZeRO, offload) choice: what the inner loop reads."""
-
-    stage: int
-    depth: int  # pp - index: 1F1B in-flight bound
-    fixed: int  # in-flight count independent of m (pp == 1, DualPipe); 0 = use depth/m
-    acts: dict[Recompute, int]  # per-sample bytes of one in-flight unit (DualPipe: all of them)
-    work: dict[Recompute, int]  # per-sample backward working set, once per device
-    const: dict[Recompute, int]  # batch-independent saved bytes (autocast copies)
-    table: dict[Recompute, dict[int, int]] | None  # interleaved: m -> in-flight per-sample bytes
-    base_fb: int
-    opt: int
-    shard: int
-    # later backward moments (eager end of backward, freed gradients): per level, pairs of
-    # (batch-independent bytes with static and buffers, per-sample bytes)
-    tails: dict[Recompute, tuple[tuple[int, int], ...]]
-    device: PreparedDevice | None = None  # a traced profile: the device to replay
-    traced: dict[Recompute, TracedStage] | None = None  # a traced profile: replay by level
-
-
+_Kept = tuple[_Hit, "_Search"]  # a kept config and the search that can describe it
 _NO_TAILS: dict[Recompute, tuple[tuple[int, int], ...]] = dict.fromkeys(RECOMPUTE_LEVELS, ())
-
-
-def _monotone(table: dict[int, int], micro: list[int], rows: int) -> bool:
-    """Whether b * in-flight bytes never falls as b grows (so a miss decides larger b too)."""
-    seq = [table[rows // b] * b for b in micro]
-    return all(x <= y for x, y in itertools.pairwise(seq))
 
 
 class _Lazy:
     """A layout's ``LayoutCost``, folded only if one of its configs fits (most do not)."""
 
-    __slots__ = ("curves", "groups", "value")
+    __slots__ = ("bound", "curves", "groups", "value")
 
-    def __init__(self, groups: list[PreparedDevice]) -> None:
+    def __init__(self, groups: list[PreparedDevice], bound: LayoutCost | None = None) -> None:
         self.groups = groups
+        self.bound = bound  # the lower bound's fold, when the search is bounded
         self.value: LayoutCost | None = None
         self.curves: dict[tuple[Recompute, int, bool, bool, int], CostCurve] = {}
 
@@ -257,7 +303,9 @@ class _Search:
     """The inner loop: integer arithmetic only, identical to ``estimate``'s; the step time is
     ``cost_at`` on a curve folded once per (layout, ZeRO, offload, recompute)."""
 
-    def __init__(self, req: PlanRequest, topo: Topology, allow_offload: bool) -> None:
+    def __init__(
+        self, req: PlanRequest, topo: Topology, allow_offload: bool, kept: Kept[_Kept]
+    ) -> None:
         self.req = req
         self.topo = topo
         self.allow_offload = allow_offload
@@ -267,7 +315,13 @@ class _Search:
         eager = req.convention == "megatron" and self.r.framework in ("transformers", "deepspeed")
         self.levels = tuple(rc for rc in req.recompute if not (eager and rc == "selective"))
         self.levels = _traced_levels(req, self.levels)
-        self.budget = int(req.gpu_memory_bytes * (1.0 - req.margin))
+        self.budget = budget(req.gpu_memory_bytes, req.margin)
+        traced = isinstance(req.training.implementation, TracedProfile)
+        self.band = band(self.r.framework, traced)
+        # a fitting config above this many bytes is within the model's uncertainty of the GPU
+        self.near = int(req.gpu_memory_bytes * (1.0 - self.band.fraction))
+        self.frag = self.r.fragmentation
+        self.extra = self.r.cuda_context_bytes + self.ov.calibration_bytes
         kinds = req.offloads or (("none", "optimizer", "both") if allow_offload else ("none",))
         if not allow_offload:
             kinds = tuple(k for k in kinds if k == "none")
@@ -276,20 +330,28 @@ class _Search:
         self.layouts = 0  # layouts whose configs were evaluated
         # in-flight bytes per device of the current layout (they do not depend on ZeRO/offload)
         self._dual: dict[int, dict[Recompute, int]] = {}
-        self._tables: dict[tuple[int, int, int], dict[Recompute, dict[int, int]]] = {}
+        self._tables: dict[int, InFlight] = {}
         self.skipped: list[Layout] = []  # layouts no micro-batch choice could run
         self.evaluated = 0
-        self.fitting: list[_Hit] = []
+        self.fitting: list[_Hit] = []  # the current base layout's (all its splits)
+        self.kept = kept  # the best ``limit`` configs of every framework's search
+        self.count = 0  # fitting configs, each once with its best split
+        self.near_count = 0
         self.closest: _Hit | None = None
         self.host_budget = req.host_memory_bytes or (1 << 62)
         self.host_limited = 0
         self.host_limited_bytes: int | None = None
-        self.gpu_fits = 0
         self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
-    def _layout_cost(self, layout: Layout, groups: list[PreparedDevice]) -> LayoutCost:
-        """Step-time figures of ``layout`` (the same folding ``step_time`` uses)."""
+    def _layout_cost(
+        self, layout: Layout, groups: list[PreparedDevice], lb: LayoutCost | None
+    ) -> LayoutCost:
+        """Step-time figures of ``layout`` (the same folding ``step_time`` uses; from the lower
+        bound's fold ``lb`` when there is one, finished with the stored activations)."""
         req = self.req
+        if lb is not None:
+            acts = stored_per_sequence(layout, groups)
+            return with_memory_bound(lb, req.cost.elementwise_passes * acts / lb.hbm)
         seq = req.training.seq_len
         imb = req.training.moe_imbalance
         return fold_layout(
@@ -336,33 +398,120 @@ class _Search:
         curve = lc.curves.get(key)
         if curve is None:  # the probe's curve is asked for again by the full sweep
             if lc.value is None:
-                lc.value = self._layout_cost(layout, lc.groups)
+                lc.value = self._layout_cost(layout, lc.groups, lc.bound)
             curve = cost_curve(
                 self.req.cost, lc.value, rc, zero, off_opt, off_par, shard, self.r.precision
             )
             lc.curves[key] = curve
         return curve
 
-    def layout(self, layout: Layout) -> None:
-        req, r = self.req, self.r
+    def runnable(self, layout: Layout) -> list[int] | None:
+        """The micro-batches ``layout`` can run (its accumulation valid for the schedule), or
+        None when the layout is invalid for the model (refused outside a parallelism search)
+        or no micro-batch can run it (kept for the error message)."""
+        req = self.req
+        if req.global_batch % layout.dp:
+            if req.search_parallelism:
+                return None
+            raise ConfigError(
+                "global_batch_size",
+                f"{req.global_batch} is not a multiple of DP = {layout.dp}",
+                f"use a multiple of {layout.dp} (DP = GPUs / (tp * pp * cp))",
+            )
         try:
-            validate(req.model, layout, req.training, r, accumulation=False)
+            validate(req.model, layout, req.training, self.r, accumulation=False)
         except ConfigError:
             if req.search_parallelism:
-                return
+                return None
             raise
         rows = req.global_batch // layout.dp
         micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
         micro = [b for b in micro if _valid_accumulation(layout, rows // b)]
         if not micro:
             self.skipped.append(layout)
-            return
+            return None
+        return micro
+
+    def lower_bound(self, layout: Layout, micro: list[int]) -> tuple[float, LayoutCost]:
+        """Seconds no config of ``layout`` can beat, and the fold it came from (``bound.py``)."""
+        req = self.req
+        lc = bound_fold(
+            req.cost,
+            self.topo,
+            req.model,
+            layout,
+            req.training.seq_len,
+            req.convention,
+            self.r,
+            req.training.moe_imbalance,
+        )
+        return lower_bound(lc, req.cost, micro, req.global_batch // layout.dp), lc
+
+    def _choices(
+        self, layout: Layout, lb: LayoutCost | None, micro: list[int], rows: int
+    ) -> list[_Choice]:
+        """The (ZeRO, offload) choices to sweep: all, or (bounded, ``lb`` the layout's
+        ``bound_fold``) those with a config the step-time model lets reach the kept rows."""
+        out = [
+            (zero, off_opt, off_par)
+            for zero in self.req.zero_stages
+            for off_opt, off_par in self.offloads
+            if not (off_par and zero != 3)
+        ]
+        if lb is None:
+            return out
+        t, cm, prec = self.kept.threshold, self.req.cost, self.r.precision
+        return [
+            (z, o, p)
+            for z, o, p in out
+            if min(
+                cost_at(cost_curve(cm, lb, "none", z, o, p, 0, prec), b, rows // b) for b in micro
+            )
+            < t
+            and self._states_fit(layout, z, o, p)
+        ]
+
+    def _states_fit(self, layout: Layout, zero: int, off_opt: bool, off_par: bool) -> bool:
+        """Whether the model states of the device holding the most parameters, with the
+        buffers, fit at all under one (ZeRO, offload) choice: every config of it needs at least
+        that (activations, working sets and transients only add), so a choice that fails this
+        is decided without the memory model's sweep (a traced profile has its own states)."""
+        req, r = self.req, self.r
+        if req.training.implementation is not None:
+            return True
+        split = device_params(req.model, layout, req.convention, r)
+        frameworks = req.convention != "paper"
+        dp = layout.dp * (layout.cp if req.convention == "megatron" else 1)
+        ms = model_states(
+            split.non_moe,
+            split.moe,
+            dp,
+            layout.edp,
+            zero,
+            r.precision,
+            off_opt,
+            off_par,
+            frameworks,
+        )
+        grads = 0 if r.framework == "transformers" else ms.gradients  # freed between steps
+        least = ms.weights + grads + ms.optimizer + r.comm_buffer_bytes
+        return least + math.ceil(least * self.frag) + self.extra <= self.budget
+
+    def layout(self, layout: Layout, micro: list[int], lb: LayoutCost | None = None) -> bool:
+        """Sweep every config of one runnable layout (``runnable`` gave ``micro``); bounded
+        (``lb`` its ``bound_fold``), only the (ZeRO, offload) choices that can reach the kept
+        rows. False: nothing was left to sweep."""
+        req, r = self.req, self.r
+        rows = req.global_batch // layout.dp
+        choices = self._choices(layout, lb, micro, rows)
+        if not choices:
+            return False
         self.layouts += 1
         self._dual.clear()  # keyed by the devices of this layout
         self._tables.clear()
         devices = prepare(req.model, layout, req.training, req.convention, r)
         groups = _groups(devices, layout, self._dual)
-        lc = _Lazy(groups)  # the layout's step-time figures, on its first config that fits
+        lc = _Lazy(groups, lb)  # the layout's step-time figures, on its first config that fits
         # Frameworks that free gradients between steps hold them in forward/backward only when
         # accumulating: the single-micro-batch config (m = 1) is swept on its own.
         split = req.convention == "megatron" and (
@@ -373,13 +522,31 @@ class _Search:
             parts = [(micro[:-1], 2), ([rows], 1)] if len(micro) > 1 else [([rows], 1)]
         elif split:  # every config accumulates (m = 1 is not a valid schedule here)
             parts = [(micro, 2)]
-        for zero in req.zero_stages:
-            for off_opt, off_par in self.offloads:
-                if off_par and zero != 3:
-                    continue
-                for part, accum in parts:
-                    knobs = self._knobs(zero, off_opt, off_par, accum)
-                    self._configs(layout, groups, lc, knobs, part, rows)
+        for zero, off_opt, off_par in choices:
+            for part, accum in parts:
+                knobs = self._knobs(zero, off_opt, off_par, accum)
+                self._configs(layout, groups, lc, knobs, part, rows)
+        return True
+
+    def _fastest(
+        self,
+        layout: Layout,
+        lc: _Lazy,
+        zero: int,
+        off_opt: bool,
+        off_par: bool,
+        shard: int,
+        micro: list[int],
+        rows: int,
+        levels: tuple[Recompute, ...] | None = None,
+    ) -> float:
+        """The least step time of a (ZeRO, offload) choice over ``levels`` and micro-batches,
+        by the step-time model alone (memory not asked)."""
+        return min(
+            cost_at(self._curve(layout, lc, rc, zero, off_opt, off_par, shard), b, rows // b)
+            for rc in (levels or self.levels)
+            for b in micro
+        )
 
     def _configs(
         self,
@@ -395,24 +562,55 @@ class _Search:
         deepest = max(self.levels, key=RECOMPUTE_LEVELS.index)
         rows_st = self._rows(layout, groups, knobs, micro)
         key = (zero, off_opt, off_par, max(g.shard for g in rows_st))
+        levels = self.levels
+        if self.req.bound:  # the levels that can still reach the kept rows
+            t = self.kept.threshold
+            levels = tuple(
+                rc
+                for rc in levels
+                if self._fastest(layout, lc, zero, off_opt, off_par, key[3], micro, rows, (rc,)) < t
+            )
+            if not levels:
+                return
         # Probe the least memory-hungry config (most recompute, smallest micro-batch):
         # every other one of this (ZeRO, offload) needs at least as much, so if it does
         # not fit none does, and all are decided exactly without being swept.
-        before, gpu_fits, limited = len(self.fitting), self.gpu_fits, self.host_limited
-        self._sweep(layout, rows_st, lc, key, deepest, micro[:1], rows)
-        if self.gpu_fits == gpu_fits:
-            self.evaluated += len(self.levels) * len(micro) - 1
-            return
-        del self.fitting[before:]  # the sweeps below evaluate it again
-        self.gpu_fits, self.host_limited = gpu_fits, limited
-        self.evaluated -= 1
-        for rc in self.levels:
+        if rows_st[0].traced is None:
+            b = micro[0]
+            total, row, phase = peak(rows_st, deepest, b, rows // b, self.frag, self.extra)
+            if total > self.budget:
+                self.evaluated += len(levels) * len(micro)
+                self._miss(layout, lc, key, deepest, rows_st, b, rows // b, (total, row, phase))
+                return
+        for rc in levels:
             self._sweep(layout, rows_st, lc, key, rc, micro, rows)
+
+    def _miss(
+        self,
+        layout: Layout,
+        lc: _Lazy,
+        choice: tuple[int, bool, bool, int],
+        rc: Recompute,
+        rows_st: list[Row],
+        b: int,
+        m: int,
+        found: tuple[int, Row, str],
+    ) -> None:
+        """Keep a config that does not fit if it is the closest miss so far."""
+        total, row, phase = found
+        if self.closest is not None and total >= _total(self.closest):
+            return
+        zero, off_opt, off_par, shard = choice
+        curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
+        host = self._host[0] if m == 1 else self._host[1]
+        exact = (total, row.stage, phase)
+        key = (zero, b, off_opt, off_par, rc)
+        self.closest = (0.0, layout, key, rows_st, m, curve, host, False, exact)
 
     def _sweep(
         self,
         layout: Layout,
-        rows_st: list[_Row],
+        rows_st: list[Row],
         lc: _Lazy,
         choice: tuple[int, bool, bool, int],
         rc: Recompute,
@@ -423,80 +621,75 @@ class _Search:
         if rows_st[0].traced is not None:  # a traced profile: the replay, not linear terms
             self._traced_sweep(layout, rows_st, lc, choice, rc, micro, rows)
             return
-        r, ov = self.r, self.ov
         zero, off_opt, off_par, shard = choice
-        frag, extra, budget = (
-            r.fragmentation,
-            r.cuda_context_bytes + ov.calibration_bytes,
-            self.budget,
-        )
-        table = [
-            (
-                g,
-                g.fixed,
-                g.depth,
-                g.acts[rc],
-                None if g.table is None else g.table[rc],
-                g.base_fb + g.const[rc],
-                g.work[rc],
-                g.opt,
-                g.tails[rc],
-            )
-            for g in rows_st
-        ]
-        monotone = rows_st[0].table is None or all(
-            _monotone(g.table[rc], micro, rows) for g in rows_st if g.table is not None
-        )
+        frag, extra = self.frag, self.extra
+        n = len(micro)
+        self.evaluated += n
+        k, listed = fit_prefix(rows_st, rc, micro, rows, frag, extra, self.budget)
+        fit = range(k) if listed is None else listed
+        if len(fit) < n:  # the closest miss of this sweep: the first one that does not fit
+            i = k if listed is None else min(set(range(n)) - set(listed))
+            b = micro[i]
+            found = peak(rows_st, rc, b, rows // b, frag, extra)
+            self._miss(layout, lc, choice, rc, rows_st, b, rows // b, found)
+        if not fit:
+            return
+        near_from = k  # the fitting configs from this index on are near the limit
+        if listed is None:
+            near_from = fit_prefix(rows_st, rc, micro[:k], rows, frag, extra, self.near)[0]
         curve: CostCurve | None = None  # folded on the first config that fits
-        fitting = self.fitting
         host_1, host_m = self._host
-        host_budget = self.host_budget
-        i = -1
-        for i, b in enumerate(micro):
+        fitting = self.fitting
+        for i in fit:
+            b = micro[i]
             m = rows // b
-            best, row, fb_best = -1, rows_st[0], 0
-            for g, fixed, depth, a, vt, base_fb, work, opt, later in table:
-                acts = a * (fixed or (depth if depth < m else m)) if vt is None else vt[m]
-                fb = base_fb + (acts + work) * b
-                for const, per in later:  # a later backward moment can top its start
-                    fb = max(fb, const + per * b)
-                alloc = fb if fb >= opt else opt
-                if alloc > best:
-                    best, row, fb_best = alloc, g, fb
-            total = best + math.ceil(best * frag) + extra
-            phase = "forward-backward" if fb_best >= row.opt else "optimizer-step"
-            key = (zero, b, off_opt, off_par, rc)
             host = host_1 if m == 1 else host_m
-            if total <= budget:
-                self.gpu_fits += 1
-                if host > host_budget:  # fits the GPU, not the host: does not fit
-                    self.host_limited += 1
-                    if self.host_limited_bytes is None or host < self.host_limited_bytes:
-                        self.host_limited_bytes = host
-                    continue
-                if curve is None:
-                    curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
-                fitting.append(
-                    (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve, host)
-                )
+            if host > self.host_budget:  # fits the GPU, not the host: does not fit
+                self._host_limited(host)
                 continue
-            if self.closest is None or total < self.closest[1]:
-                if curve is None:
-                    curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
-                self.closest = (0.0, total, layout, key, row.stage, phase, m, curve, host)
-            # The peak only grows with b (a * b * min(PP - i, rows / b) = a * min(b * (PP - i),
-            # rows)), so every larger micro-batch is decided too: it does not fit either
-            # (interleaved tables are checked to grow too, else the sweep goes on).
-            if not monotone:
-                continue
-            self.evaluated += len(micro) - i - 1
-            break
-        self.evaluated += min(len(micro), i + 1)
+            if curve is None:
+                curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
+            near = i >= near_from
+            if listed is not None:
+                near = peak(rows_st, rc, b, m, frag, extra)[0] > self.near
+            key = (zero, b, off_opt, off_par, rc)
+            fitting.append((cost_at(curve, b, m), layout, key, rows_st, m, curve, host, near, None))
+
+    def flush(self) -> None:
+        """Close one base layout: each config once with its best split (fastest; on a tie the
+        one needing less memory), counted, and kept if it is among the ``limit`` best."""
+        best: dict[_Key, _Hit] = {}
+        for hit in self.fitting:
+            old = best.get(hit[2])
+            if old is None or hit[0] < old[0] or (hit[0] == old[0] and self._less(hit, old)):
+                best[hit[2]] = hit
+        self.fitting.clear()
+        for hit in best.values():
+            self.count += 1
+            self.near_count += hit[7]
+            self.kept.offer(hit[0], (hit, self))
+
+    def _less(self, a: _Hit, b: _Hit) -> bool:
+        """Whether config ``a`` needs fewer bytes than ``b`` (exact, for a tie in step time)."""
+        return self._exact(a)[0] < self._exact(b)[0]
+
+    def _exact(self, hit: _Hit) -> _Exact:
+        """(total, peak stage, phase) of a fitting config, from its rows when not kept."""
+        if hit[8] is not None:
+            return hit[8]
+        _, b, _, _, rc = hit[2]
+        total, row, phase = peak(hit[3], rc, b, hit[4], self.frag, self.extra)
+        return total, row.stage, phase
+
+    def _host_limited(self, host: int) -> None:
+        self.host_limited += 1
+        if self.host_limited_bytes is None or host < self.host_limited_bytes:
+            self.host_limited_bytes = host
 
     def _traced_sweep(
         self,
         layout: Layout,
-        rows_st: list[_Row],
+        rows_st: list[Row],
         lc: _Lazy,
         choice: tuple[int, bool, bool, int],
         rc: Recompute,
@@ -505,51 +698,38 @@ class _Search:
     ) -> None:
         """``_sweep`` for a traced profile: each device's peak from its replay, exactly as
         ``estimate`` computes it; slower than the linear loop, the same answers."""
-        r, ov = self.r, self.ov
         zero, off_opt, off_par, shard = choice
         host_1, host_m = self._host
         curve: CostCurve | None = None
         for b in micro:
             m = rows // b
-            best, row, fb_best, opt_best = -1, rows_st[0], 0, 0
-            for g in rows_st:
-                assert g.traced is not None and g.device is not None  # every traced row has them
-                n = traced_in_flight(g.device, layout, rc, m)
-                fb = g.base_fb + g.traced[rc].forward_backward(b, n)[0]
-                opt = g.opt + g.traced[rc].batch(b)
-                if max(fb, opt) > best:
-                    best, row, fb_best, opt_best = max(fb, opt), g, fb, opt
-            total = best + math.ceil(best * r.fragmentation) + r.cuda_context_bytes
-            total += ov.calibration_bytes
-            phase = "forward-backward" if fb_best >= opt_best else "optimizer-step"
-            key = (zero, b, off_opt, off_par, rc)
+            total, row, phase = _traced_peak(rows_st, layout, rc, b, m, self.frag, self.extra)
             host = host_1 if m == 1 else host_m
             self.evaluated += 1
+            if total > self.budget:
+                self._miss(layout, lc, choice, rc, rows_st, b, m, (total, row, phase))
+                continue
+            if host > self.host_budget:  # fits the GPU, not the host: does not fit
+                self._host_limited(host)
+                continue
             if curve is None:
                 curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
-            if total > self.budget:
-                if self.closest is None or total < self.closest[1]:
-                    self.closest = (0.0, total, layout, key, row.stage, phase, m, curve, host)
-                continue
-            self.gpu_fits += 1
-            if host > self.host_budget:  # fits the GPU, not the host: does not fit
-                self.host_limited += 1
-                if self.host_limited_bytes is None or host < self.host_limited_bytes:
-                    self.host_limited_bytes = host
-                continue
-            hit = (cost_at(curve, b, m), total, layout, key, row.stage, phase, m, curve, host)
-            self.fitting.append(hit)
+            key = (zero, b, off_opt, off_par, rc)
+            exact = (total, row.stage, phase)
+            near = total > self.near
+            self.fitting.append(
+                (cost_at(curve, b, m), layout, key, rows_st, m, curve, host, near, exact)
+            )
 
     def _rows(
         self, layout: Layout, groups: list[PreparedDevice], knobs: Training, micro: list[int]
-    ) -> list[_Row]:
+    ) -> list[Row]:
         """The inner loop's rows; sets ``self._host`` (host bytes per node with one micro-batch
         per step, and with accumulation) from the same states."""
         out = []
         host_1 = host_m = 0
         accum = knobs.offload_optimizer and knobs.zero_stage < 3 and self.req.convention != "paper"
         pp, sched = layout.pp, layout.schedule
-        rows = self.req.global_batch // layout.dp
         for g in groups:
             s = states(g, layout, knobs, self.req.convention, self.r, self.ov)
             host_1 = max(host_1, s.host, s.host_init)
@@ -566,18 +746,11 @@ class _Search:
                     self._dual[id(g)] = dual
                 acts, fixed = dual, 1
             elif sched == "interleaved" and pp > 1:
-                key = (id(g), len(micro), micro[0])
-                table = self._tables.get(key)
+                table = self._tables.get(id(g))
                 if table is None:
-                    table = {
-                        rc: {
-                            rows // b: device_in_flight(g, layout, rc, rows // b)[0] for b in micro
-                        }
-                        for rc in self.levels
-                    }
-                    self._tables[key] = table
+                    table = self._tables[id(g)] = InFlight(g, layout)
             out.append(
-                _Row(
+                Row(
                     g.index,
                     pp - g.index,
                     fixed,
@@ -619,8 +792,9 @@ class _Search:
         return with_overhead(exact, self.ov.host_overhead)
 
     def candidate(self, hit: _Hit) -> Candidate:
-        _, total, layout, key, stage, phase, m, curve, host = hit
+        _, layout, key, _rows, m, curve, host, near, _known = hit
         zero, b, off_opt, off_par, rc = key
+        total, stage, phase = self._exact(hit)
         t = self.req.training.model_copy(
             update={
                 "micro_batch": b,
@@ -644,7 +818,29 @@ class _Search:
             cost_terms=cost,
             traffic=traffic(curve, b, m),
             host_bytes_per_node=host,
+            near_limit=near,
         )
+
+
+def _total(hit: _Hit) -> int:
+    """The peak bytes a miss was kept with (misses always carry them)."""
+    return hit[8][0] if hit[8] is not None else 0
+
+
+def _traced_peak(
+    rows_st: list[Row], layout: Layout, rc: Recompute, b: int, m: int, frag: float, extra: int
+) -> tuple[int, Row, str]:
+    """A traced profile's peak of one config: each device's replay, as ``estimate`` has it."""
+    best, row, fb_best, opt_best = -1, rows_st[0], 0, 0
+    for g in rows_st:
+        assert g.traced is not None and g.device is not None  # every traced row has them
+        n = traced_in_flight(g.device, layout, rc, m)
+        fb = g.base_fb + g.traced[rc].forward_backward(b, n)[0]
+        opt = g.opt + g.traced[rc].batch(b)
+        if max(fb, opt) > best:
+            best, row, fb_best, opt_best = max(fb, opt), g, fb, opt
+    phase = "forward-backward" if fb_best >= opt_best else "optimizer-step"
+    return best + math.ceil(best * frag) + extra, row, phase
 
 
 def _nothing_to_search(req: PlanRequest, skipped: list[Layout]) -> ConfigError:
@@ -730,31 +926,103 @@ def plan(req: PlanRequest) -> PlanResult:
             f"CPU offload not considered: host CPU cores per node unknown for {topo.gpu} "
             "(pass --host-cores N to rank offload)"
         )
-    search = _Search(req, topo, allow_offload)
-    for layout in _layouts(req):
-        if req.global_batch % layout.dp == 0:
-            search.layout(layout)
-        elif not req.search_parallelism:
-            raise ConfigError(
-                "global_batch_size",
-                f"{req.global_batch} is not a multiple of DP = {layout.dp}",
-                f"use a multiple of {layout.dp} (DP = GPUs / (tp * pp * cp))",
-            )
-    if not search.layouts:
-        raise _nothing_to_search(req, search.skipped)
-    search.fitting.sort(key=lambda row: (row[0], row[1]))
-    chosen = [search.candidate(hit) for hit in search.fitting[: req.limit]]
+    kept: Kept[_Kept] = Kept(req.limit)
+    runs = [(_Search(sub, topo, allow_offload, kept), sched) for sub, sched in _frameworks(req)]
+    searches = [sr for sr, _ in runs]
+    bases = [(sr, list(group)) for sr, sched in runs for group in _bases(sr, sched)]
+    skipped = _sweep_bases(bases, kept, req.bound)
+    if not any(sr.layouts for sr in searches):
+        first = next((sr for sr in searches if sr.skipped), searches[0])
+        raise _nothing_to_search(first.req, first.skipped)
+    chosen = [sr.candidate(hit) for _, _, (hit, sr) in kept.ranked()]
     closest = None
-    if not chosen and search.closest is not None:
-        closest = search.candidate(search.closest)
+    misses = [(sr.closest, sr) for sr in searches if sr.closest is not None]
+    if not chosen and misses:
+        hit, sr = min(misses, key=lambda x: _total(x[0]))
+        closest = sr.candidate(hit)
+    limited = [sr for sr in searches if sr.host_limited_bytes is not None]
     return PlanResult(
         candidates=chosen,
-        evaluated=search.evaluated,
-        fitting=len(search.fitting),
+        evaluated=sum(sr.evaluated for sr in searches),
+        fitting=sum(sr.count for sr in searches),
         closest=closest,
         closest_fits_gpu=closest is not None and closest.peak_bytes <= req.gpu_memory_bytes,
         topology=topo,
         warnings=warnings,
-        host_limited=search.host_limited,
-        host_limited_bytes=search.host_limited_bytes,
+        host_limited=sum(sr.host_limited for sr in searches),
+        host_limited_bytes=min((sr.host_limited_bytes or 0) for sr in limited) if limited else None,
+        bands=[
+            BandInfo(framework=sr.r.framework, fraction=sr.band.fraction, source=sr.band.source)
+            for sr in searches
+        ],
+        near_limit=sum(sr.near_count for sr in searches),
+        layouts_skipped=skipped,
+        layouts_swept=sum(sr.layouts for sr in searches),
+    )
+
+
+def _frameworks(req: PlanRequest) -> list[tuple[PlanRequest, tuple[Schedule, ...] | None]]:
+    """One request per planned framework, and the schedules it contributes (frameworks.py)."""
+    if req.frameworks is None:
+        return [(req, None)]
+    out = []
+    for fw in dict.fromkeys(req.frameworks):
+        training = req.training.model_copy(update={"framework": fw})
+        sub = req.model_copy(update={"training": training, "frameworks": None})
+        out.append((sub, framework_schedules(fw, req.frameworks)))
+    return out
+
+
+_Split = tuple[Layout, list[int]]
+
+
+def _bases(sr: _Search, schedules: tuple[Schedule, ...] | None) -> Iterator[list[_Split]]:
+    """The runnable layouts of one framework's search, the splits of one base together."""
+    for _, splits in itertools.groupby(_layouts(sr.req, schedules, sr.r.mtp), key=_base):
+        group = []
+        for layout in splits:
+            micro = sr.runnable(layout)
+            if micro is not None:
+                group.append((layout, micro))
+        if group:
+            yield group
+
+
+def _sweep_bases(bases: list[tuple[_Search, list[_Split]]], kept: Kept[_Kept], bound: bool) -> int:
+    """Sweep every base layout (each config once with its best split); with ``bound``, in the
+    order of their step-time lower bound, skipping what cannot reach the kept rows. Returns
+    how many layouts were skipped."""
+    if not bound:
+        for sr, group in bases:
+            for layout, micro in group:
+                sr.layout(layout, micro)
+            sr.flush()
+        return 0
+    order = []
+    for i, (sr, group) in enumerate(bases):
+        lbs = [sr.lower_bound(layout, micro) for layout, micro in group]
+        order.append((min(lb for lb, _ in lbs), i, sr, list(zip(lbs, group, strict=True))))
+    order.sort(key=lambda x: x[:2])
+    swept = 0
+    for lb, _, sr, splits in order:
+        if lb >= kept.threshold:  # every later base's bound is at least as high
+            break
+        for (split_lb, lc), (layout, micro) in splits:
+            if split_lb < kept.threshold:
+                swept += sr.layout(layout, micro, lc)
+        sr.flush()
+    return sum(len(group) for _, group in bases) - swept
+
+
+def _base(layout: Layout) -> tuple[object, ...]:
+    """A layout without its layer split: the splits of one base are one layout's variants."""
+    return (
+        layout.tp,
+        layout.pp,
+        layout.ep,
+        layout.etp,
+        layout.cp,
+        layout.dp,
+        layout.schedule,
+        layout.vpp,
     )
