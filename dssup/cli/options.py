@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
@@ -25,6 +26,7 @@ from dssup.modelio import load_model
 
 __all__ = [
     "build_inputs",
+    "given_params",
     "host_inputs",
     "layout_options",
     "load_profile",
@@ -35,6 +37,17 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def given_params() -> set[str]:
+    """Parameters of the running command the user typed (not defaults)."""
+    ctx = click.get_current_context()
+    return {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
 
 
 def _apply(options: list[Callable[[F], F]]) -> Callable[[F], F]:

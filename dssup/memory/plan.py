@@ -341,6 +341,7 @@ class _Search:
         self.host_budget = req.host_memory_bytes or (1 << 62)
         self.host_limited = 0
         self.host_limited_bytes: int | None = None
+        self._limited: set[_Key] = set()  # the current base's configs the host cannot hold
         self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
     def _layout_cost(
@@ -645,7 +646,7 @@ class _Search:
             m = rows // b
             host = host_1 if m == 1 else host_m
             if host > self.host_budget:  # fits the GPU, not the host: does not fit
-                self._host_limited(host)
+                self._host_limited((zero, b, off_opt, off_par, rc), host)
                 continue
             if curve is None:
                 curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
@@ -664,6 +665,8 @@ class _Search:
             if old is None or hit[0] < old[0] or (hit[0] == old[0] and self._less(hit, old)):
                 best[hit[2]] = hit
         self.fitting.clear()
+        self.host_limited += len(self._limited - best.keys())
+        self._limited.clear()
         for hit in best.values():
             self.count += 1
             self.near_count += hit[7]
@@ -681,8 +684,10 @@ class _Search:
         total, row, phase = peak(hit[3], rc, b, hit[4], self.frag, self.extra)
         return total, row.stage, phase
 
-    def _host_limited(self, host: int) -> None:
-        self.host_limited += 1
+    def _host_limited(self, key: _Key, host: int) -> None:
+        """A config that fits the GPU but not the host (counted at ``flush`` if no split of
+        it fits both)."""
+        self._limited.add(key)
         if self.host_limited_bytes is None or host < self.host_limited_bytes:
             self.host_limited_bytes = host
 
@@ -710,7 +715,7 @@ class _Search:
                 self._miss(layout, lc, choice, rc, rows_st, b, m, (total, row, phase))
                 continue
             if host > self.host_budget:  # fits the GPU, not the host: does not fit
-                self._host_limited(host)
+                self._host_limited((zero, b, off_opt, off_par, rc), host)
                 continue
             if curve is None:
                 curve = self._curve(layout, lc, rc, zero, off_opt, off_par, shard)
@@ -926,14 +931,9 @@ def plan(req: PlanRequest) -> PlanResult:
             f"CPU offload not considered: host CPU cores per node unknown for {topo.gpu} "
             "(pass --host-cores N to rank offload)"
         )
-    kept: Kept[_Kept] = Kept(req.limit)
-    runs = [(_Search(sub, topo, allow_offload, kept), sched) for sub, sched in _frameworks(req)]
-    searches = [sr for sr, _ in runs]
-    bases = [(sr, list(group)) for sr, sched in runs for group in _bases(sr, sched)]
-    skipped = _sweep_bases(bases, kept, req.bound)
-    if not any(sr.layouts for sr in searches):
-        first = next((sr for sr in searches if sr.skipped), searches[0])
-        raise _nothing_to_search(first.req, first.skipped)
+    kept, searches, skipped = _search(req, topo, allow_offload, req.bound)
+    if req.bound and not kept.heap:  # nothing fits: sweep everything for the closest miss
+        kept, searches, skipped = _search(req, topo, allow_offload, False)
     chosen = [sr.candidate(hit) for _, _, (hit, sr) in kept.ranked()]
     closest = None
     misses = [(sr.closest, sr) for sr in searches if sr.closest is not None]
@@ -959,6 +959,21 @@ def plan(req: PlanRequest) -> PlanResult:
         layouts_skipped=skipped,
         layouts_swept=sum(sr.layouts for sr in searches),
     )
+
+
+def _search(
+    req: PlanRequest, topo: Topology, allow_offload: bool, bound: bool
+) -> tuple[Kept[_Kept], list[_Search], int]:
+    """Every framework's search swept (bounded or not): the kept rows, the searches, and how
+    many layouts the bound skipped."""
+    kept: Kept[_Kept] = Kept(req.limit)
+    runs = [(_Search(sub, topo, allow_offload, kept), sched) for sub, sched in _frameworks(req)]
+    searches = [sr for sr, _ in runs]
+    bases = [(sr, list(group)) for sr, sched in runs for group in _bases(sr, sched)]
+    if not bases:
+        first = next((sr for sr in searches if sr.skipped), searches[0])
+        raise _nothing_to_search(first.req, first.skipped)
+    return kept, searches, _sweep_bases(bases, kept, bound)
 
 
 def _frameworks(req: PlanRequest) -> list[tuple[PlanRequest, tuple[Schedule, ...] | None]]:
