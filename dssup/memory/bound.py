@@ -69,8 +69,27 @@ def device_params(m: ModelSpec, layout: Layout, conv: Convention, r: Resolved) -
     """Parameters of the device holding the most (all its stages; one embedding matrix when
     tied and both ends are on it), as ``core.prepare`` adds them up."""
     pad = r.framework in ("megatron", "deepseek")
+    key = (
+        layout.tp,
+        layout.ep,
+        layout.etp,
+        layout.pp,
+        layout.vpp,
+        layout.schedule,
+        layout.layers_per_stage,
+        conv,
+        r.mtp,
+        pad,
+    )
+    return _PARAMS.get(m, key, lambda: _device_params(m, layout, conv, r.mtp, pad))
+
+
+_PARAMS = ModelMemo(8192)
+
+
+def _device_params(m: ModelSpec, layout: Layout, conv: Convention, mtp: bool, pad: bool) -> Split:
     stages = [
-        stage_params(m, layout, conv, layers, i, r.mtp, pad)
+        stage_params(m, layout, conv, layers, i, mtp, pad)
         for i, layers in enumerate(partition(m.layers, layout))
     ]
     best = Split()
@@ -115,13 +134,35 @@ def bound_fold(
         layout.layers_per_stage,
         seq,
         conv,
-        r,
+        resolved_key(r),
         imbalance,
     )
     hit = _FOLDS.get(
         m, key, lambda: (cm, topo, _bound_fold(cm, topo, m, layout, seq, conv, r, imbalance))
     )
-    return hit[2]
+    return hit[2]  # the entry keeps cm and topo alive: their ids are not reused meanwhile
+
+
+def resolved_key(r: Resolved) -> tuple[object, ...]:
+    """What of the resolved settings a fold reads, as a cheap key (computed once per object)."""
+    found = _RKEYS.get(id(r))
+    if found is None or found[0] is not r:
+        if len(_RKEYS) > 256:
+            _RKEYS.clear()
+        p = r.precision
+        key = (
+            r.framework,
+            r.mtp,
+            r.recompute_modules,
+            r.recompute_method,
+            r.recompute_num_layers,
+            (p.weights, p.gradients, p.master, p.moments, p.activations, p.cache_fp8),
+        )
+        found = _RKEYS[id(r)] = (r, key)
+    return found[1]
+
+
+_RKEYS: dict[int, tuple[Resolved, tuple[object, ...]]] = {}
 
 
 _FOLDS = ModelMemo(4096)

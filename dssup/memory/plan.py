@@ -342,6 +342,7 @@ class _Search:
         self.host_limited = 0
         self.host_limited_bytes: int | None = None
         self._limited: set[_Key] = set()  # the current base's configs the host cannot hold
+        self._micro: dict[tuple[object, ...], list[int]] = {}  # runnable micro-batches
         self._host = (0, 0)  # host bytes per node of the current (ZeRO, offload): m = 1, m > 1
 
     def _layout_cost(
@@ -426,8 +427,11 @@ class _Search:
                 return None
             raise
         rows = req.global_batch // layout.dp
-        micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
-        micro = [b for b in micro if _valid_accumulation(layout, rows // b)]
+        key = (rows, layout.schedule, layout.pp, layout.vpp_group)
+        micro = self._micro.get(key)
+        if micro is None:
+            micro = sorted(b for b in (req.micro_batches or divisors(rows)) if rows % b == 0)
+            micro = self._micro[key] = [b for b in micro if _valid_accumulation(layout, rows // b)]
         if not micro:
             self.skipped.append(layout)
             return None
