@@ -238,8 +238,8 @@ def _words(c: Candidate) -> str:
     lay, t = c.layout, c.training
     sched = f"vpp{lay.vpp}" if lay.schedule == "interleaved" else lay.schedule
     return (
-        f"TP{lay.tp} PP{lay.pp} {sched} EP{lay.ep} CP{lay.cp} mb{t.micro_batch} "
-        f"{t.recompute} ZeRO{t.zero_stage} {c.step_time_s:.2f}s"
+        f"{t.framework or 'megatron'} TP{lay.tp} PP{lay.pp} {sched} {_split(lay)} EP{lay.ep} "
+        f"CP{lay.cp} mb{t.micro_batch} {t.recompute} ZeRO{t.zero_stage} {c.step_time_s:.2f}s"
     )
 
 
