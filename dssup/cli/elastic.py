@@ -25,6 +25,7 @@ from dssup.cli.options import (
     build_overheads,
     build_training,
     layout_options,
+    margin_option,
     model_options,
     overhead_options,
     training_options,
@@ -114,14 +115,7 @@ def render_table(table: ElasticTable) -> str:
 @click.option("--global-batch-size", type=int, required=True, help="Kept exact at every size.")
 @click.option("--max-micro-batch", type=int, default=None, help="Largest micro-batch listed.")
 @click.option("--no-memory", is_flag=True, help="Batch arithmetic only, no memory model.")
-@click.option(
-    "--margin",
-    type=click.FloatRange(min=0, max=1, max_open=True),
-    default=DEFAULT_MARGIN,
-    show_default=True,
-    help="Extra fraction of the usable GPU memory kept free (as dssup plan; context, buffers "
-    "and fragmentation are modelled).",
-)
+@margin_option
 @layout_options
 @training_options
 @overhead_options

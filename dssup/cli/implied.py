@@ -26,10 +26,10 @@ def imply(o: dict[str, Any], given: set[str], command: Command) -> list[str]:
     if command == "estimate":
         notes += _recompute(o, given)
         notes += _offload(o, given)
-        notes += _split_pp(o, given)
     else:
         _recompute_conflict(o, given)
         _offload_conflict(o, given)
+    notes += _split_pp(o, given)
     notes += _fp8(o, given, command)
     if o.get("vpp", 1) > 1 and "schedule" not in given:
         notes.append(f"--schedule interleaved, implied by --vpp {o['vpp']}")

@@ -18,6 +18,7 @@ from dssup.cli.options import (
     given_params,
     host_inputs,
     layout_options,
+    margin_option,
     model_options,
     overhead_options,
     training_options,
@@ -25,7 +26,6 @@ from dssup.cli.options import (
 from dssup.cli.render_plan import capacity_note, render_plan
 from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, PlanRequest, plan
-from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.memory.frameworks import runnable_frameworks
 from dssup.memory.gpus import parse_size
 from dssup.modelio import load_model
@@ -90,15 +90,7 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
 )
 @click.option("--no-offload", is_flag=True, help="Never propose optimizer or parameter offload.")
 @click.option("--zero-stages", default=None, help="ZeRO stages allowed (default 0,1,2,3).")
-@click.option(
-    "--margin",
-    type=click.FloatRange(min=0, max=1, max_open=True),
-    default=DEFAULT_MARGIN,
-    show_default=True,
-    help="Extra fraction of the usable GPU memory kept free. The CUDA context, buffers and "
-    "fragmentation are modelled and the driver's reservation is left out already; rows "
-    "within the memory model's uncertainty of the limit are marked 'near'.",
-)
+@margin_option
 @click.option(
     "--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to print."
 )
@@ -162,17 +154,6 @@ def plan_cmd(
             "plan derives it from --global-batch-size, the micro-batch and DP",
             "drop it; pass --micro-batch to pin the micro-batch",
         )
-    if o["layers_per_stage"] and "pp" not in given:
-        # the split names its own PP (one count per stage, per virtual stage with --vpp):
-        # the search uses it for that PP and VPP and searches the splits of other PPs
-        entries = len(o["layers_per_stage"].split(","))
-        if entries % o["vpp"]:
-            raise ConfigError(
-                "--layers-per-stage",
-                f"{entries} entries do not make whole stages of --vpp {o['vpp']} chunks",
-                "give one layer count per model chunk: PP x VPP entries",
-            )
-        o["pp"] = entries // o["vpp"]
     stages = _stages(zero_stages, o["zero"] if "zero" in given else None)
     offloads: tuple[str, ...] | None = None
     if "offload" in given:

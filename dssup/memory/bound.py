@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 
 from dssup.memory.config import Convention, Layout
 from dssup.memory.cost import CostModel, LayoutCost, layout_cost
-from dssup.memory.curve import CostCurve, cost_at
+from dssup.memory.curve import cost_at, make_curve
 from dssup.memory.defaults import Resolved
 from dssup.memory.memo import ModelMemo
 from dssup.memory.params import Split
@@ -137,10 +137,30 @@ def bound_fold(
         resolved_key(r),
         imbalance,
     )
-    hit = _FOLDS.get(
-        m, key, lambda: (cm, topo, _bound_fold(cm, topo, m, layout, seq, conv, r, imbalance))
-    )
-    return hit[2]  # the entry keeps cm and topo alive: their ids are not reused meanwhile
+
+    def fold() -> tuple[CostModel, Topology, LayoutCost]:
+        params = device_params(m, layout, conv, r)
+        spec = recompute_spec(r)
+        return (
+            cm,
+            topo,
+            layout_cost(
+                cm,
+                topo,
+                m,
+                layout,
+                seq,
+                0,  # no memory-bound kernel time
+                params.non_moe,
+                params.moe,
+                r.precision,
+                imbalance,
+                spec,
+                r.framework,
+            ),
+        )
+
+    return _FOLDS.get(m, key, fold)[2]  # the entry keeps cm and topo alive: ids not reused
 
 
 def resolved_key(r: Resolved) -> tuple[object, ...]:
@@ -168,54 +188,8 @@ _RKEYS: dict[int, tuple[Resolved, tuple[object, ...]]] = {}
 _FOLDS = ModelMemo(4096)
 
 
-def _bound_fold(
-    cm: CostModel,
-    topo: Topology,
-    m: ModelSpec,
-    layout: Layout,
-    seq: int,
-    conv: Convention,
-    r: Resolved,
-    imbalance: float,
-) -> LayoutCost:
-    params = device_params(m, layout, conv, r)
-    return layout_cost(
-        cm,
-        topo,
-        m,
-        layout,
-        seq,
-        0,  # no memory-bound kernel time
-        params.non_moe,
-        params.moe,
-        r.precision,
-        imbalance,
-        recompute_spec(r),
-        r.framework,
-    )
-
-
 def lower_bound(lc: LayoutCost, cm: CostModel, micro: list[int], rows: int) -> float:
     """Seconds per step no config of the layout ``lc`` (``bound_fold``) folds can beat."""
-    part = lc.rc["none"]
-    curve = tuple.__new__(
-        CostCurve,
-        (
-            part.seq,
-            part.exposed,
-            part.dual,
-            lc.weight_reads,
-            0.0,  # no ZeRO-3 gathers or parameter offload
-            0.0,  # no per-micro-batch gradient reduce
-            0.0,  # no per-step gradient sync
-            0.0,  # no per-step weight all-gather
-            0.0,  # no optimizer step
-            lc.bubble,
-            part.fwd_share,
-            cm.dp_overlap,
-            cm.comm_sm_fraction,
-            part.parts,
-            part.traffic,
-        ),
-    )
+    # no ZeRO-3 gathers, parameter offload, gradient reduce, weight all-gather or optimizer step
+    curve = make_curve(cm, lc, "none", 0.0, 0.0, 0.0, 0.0, 0.0)
     return min(cost_at(curve, b, rows // b) for b in micro)

@@ -27,15 +27,7 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
 
 @lru_cache(maxsize=4096)
 def _divisors(n: int) -> tuple[int, ...]:
-    low, high = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            low.append(d)
-            if d * d != n:
-                high.append(n // d)
-        d += 1
-    return tuple(low + high[::-1])
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def _suggest(n: int, limit: int = 64) -> str:
