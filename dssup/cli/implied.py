@@ -29,6 +29,11 @@ def imply(o: dict[str, Any], given: set[str], command: Command) -> list[str]:
     else:
         _recompute_conflict(o, given)
         _offload_conflict(o, given)
+        if o.get("recompute_modules") and "recompute" not in given:
+            notes.append(
+                "--recompute-modules: what the selective rows recompute (recompute is "
+                "searched; --recompute selective pins it)"
+            )
     notes += _split_pp(o, given)
     notes += _fp8(o, given, command)
     if o.get("vpp", 1) > 1 and "schedule" not in given:

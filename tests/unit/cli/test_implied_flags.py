@@ -71,6 +71,18 @@ def test_conflicts_are_one_line_exit_2(command: str, args: list[str], flag: str,
     assert fix in lines[0] and "Traceback" not in out.stderr
 
 
+def test_plan_says_what_recompute_modules_apply_to() -> None:
+    args = ["plan", *L8, "--recompute-modules", "layernorm", "--top", "50", "--json"]
+    code, out, err = _run(*args)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert any("what the selective rows recompute" in a for a in doc["assumptions"])
+    levels = {c["training"]["recompute"] for c in doc["candidates"]}
+    assert "selective" in levels and levels - {"selective"}  # still searched
+    sel = [c for c in doc["candidates"] if c["training"]["recompute"] == "selective"]
+    assert all(c["training"]["recompute_modules"] == ["layernorm"] for c in sel)
+
+
 def test_plan_takes_fp8_gemms_with_fp8_caching_and_the_other_way_round() -> None:
     code, out, err = _run("plan", *L8, "--precision", "fp8", "--top", "1", "--json")
     assert code == 0, err
