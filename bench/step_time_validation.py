@@ -50,7 +50,7 @@ def step_time_alone(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> f
     lay = r.model_copy(update={"layers_per_stage": None}).layout()  # even split: see docstring
     mm = r.global_batch // (lay.dp * r.micro_batch)
     rc = r.recompute or "selective"
-    t = recipe_training(r).model_copy(
+    t = recipe_training(r, framework=True).model_copy(
         update={
             "micro_batch": r.micro_batch,
             "grad_accum": mm,
@@ -104,15 +104,15 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def markdown(rows: list[RecipeResult]) -> str:
     head = (
-        "| recipe | set | fits | peak GiB | predicted step s | predicted tok/s/GPU | published "
-        "| error | rank (configs) | rank (layouts) | vs best | dssup's best |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| recipe | set | fits | framework, split | peak GiB | predicted step s | predicted "
+        "tok/s/GPU | published | error | rank (configs) | rank (layouts) | vs best | dssup's "
+        "best |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"| {r.name} | {'fit' if r.fit else 'held out'} | {'yes' if r.fits else 'NO'} | "
-            f"{_fmt(r.peak_gib, '.1f')} | {_fmt(r.predicted_step_s, '.2f')} | "
+            f"{r.framework}, {r.split} | {_fmt(r.peak_gib, '.1f')} | {_fmt(r.predicted_step_s, '.2f')} | "
             f"{_fmt(r.predicted, ',.0f')} | {r.published:,.0f} | {_fmt(r.error, '+.0%')} | "
             f"{r.rank or '-'} of {r.fitting} | {r.layout_rank or '-'} | "
             f"{_fmt(r.gap, '+.1%')} | {r.best} |"

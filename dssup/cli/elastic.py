@@ -25,6 +25,7 @@ from dssup.cli.options import (
     build_overheads,
     build_training,
     layout_options,
+    margin_option,
     model_options,
     overhead_options,
     training_options,
@@ -32,6 +33,7 @@ from dssup.cli.options import (
 from dssup.cli.run import build_supervisor, print_summary, run_cmd
 from dssup.elastic import ElasticRequest, ElasticTable, MemoryContext, NodeRange, solve
 from dssup.errors import ConfigError
+from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.memory.gpus import parse_size
 from dssup.memory.topology import topology_of
 from dssup.modelio import load_model
@@ -64,7 +66,7 @@ def plan_elastic(o: dict[str, Any]) -> ElasticTable:
             gpu_memory_bytes=next(iter(gpus.values())),
             overheads=build_overheads(o),
             convention=o["convention"],
-            margin=o.get("margin", 0.05),
+            margin=o.get("margin", DEFAULT_MARGIN),
             topology=topology_of(next(iter(gpus))),  # step times for that GPU's node
         )
     req = ElasticRequest(
@@ -113,7 +115,7 @@ def render_table(table: ElasticTable) -> str:
 @click.option("--global-batch-size", type=int, required=True, help="Kept exact at every size.")
 @click.option("--max-micro-batch", type=int, default=None, help="Largest micro-batch listed.")
 @click.option("--no-memory", is_flag=True, help="Batch arithmetic only, no memory model.")
-@click.option("--margin", type=float, default=0.05, show_default=True, help="GPU memory kept free.")
+@margin_option
 @layout_options
 @training_options
 @overhead_options

@@ -9,8 +9,10 @@ from typing import Any
 import click
 
 from dssup.cli.app import main
+from dssup.cli.implied import imply
 from dssup.cli.options import (
     build_inputs,
+    given_params,
     host_inputs,
     layout_options,
     model_options,
@@ -19,8 +21,12 @@ from dssup.cli.options import (
 )
 from dssup.cli.plot import plot_estimate
 from dssup.cli.render import render_estimate
+from dssup.cli.render_plan import capacity_note
 from dssup.errors import ConfigError
 from dssup.memory import Estimate, estimate
+from dssup.memory.best_split import choose_split
+from dssup.memory.frameworks import implied_framework
+from dssup.memory.gpus import find_gpu
 
 __all__ = ["estimate_cmd", "run_estimate"]
 
@@ -63,14 +69,29 @@ def _dp_and_accum(o: dict[str, Any]) -> tuple[int, int]:
     return dp, accum or 1
 
 
-def run_estimate(o: dict[str, Any]) -> Estimate:
-    """Build inputs from parsed flags and estimate (shared with ``dssup demo``)."""
+def run_estimate(o: dict[str, Any], given: set[str] | None = None) -> Estimate:
+    """Build inputs from parsed flags and estimate (shared with ``dssup demo``). ``given``: the
+    flags typed (the others are defaults): what they imply is filled in and stated, and with
+    no --layers-per-stage a pipeline gets the split of least peak (``best_split.py``)."""
+    notes = [] if given is None else imply(o, given, "estimate")
     dp, accum = _dp_and_accum(o)
     model, layout, training, overheads, gpu = build_inputs(o, dp, accum)
+    if given is not None and "framework" not in given and o["convention"] != "paper":
+        fw = implied_framework(model, layout)
+        if fw is not None:
+            training = training.model_copy(update={"framework": fw})
+            notes.append(
+                f"--framework {fw}, implied by --schedule dualpipe on {model.name}: DualPipe is "
+                "DeepSeek's schedule (Megatron-Core has none); --framework pins another"
+            )
+    layout, split = choose_split(model, layout, training, overheads, o["convention"])
+    notes += [split] if split else []
     host, per_node, source = host_inputs(o)
     est = estimate(model, layout, training, overheads, o["convention"], gpu, host, per_node)
-    line = f"GPUs per node: {per_node} ({source})"
-    return est.model_copy(update={"assumptions": [*est.assumptions, line]})
+    if o.get("gpu_memory") and find_gpu(o["gpu_memory"], "--gpu-memory") is not None:
+        notes.insert(0, capacity_note(o["gpu_memory"], 0.0).removesuffix("; no margin"))
+    notes.append(f"GPUs per node: {per_node} ({source})")
+    return est.model_copy(update={"assumptions": [*est.assumptions, *notes]})
 
 
 @main.command("estimate")
@@ -108,7 +129,12 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
     Every term is reported in bytes (GiB in the table): weights, gradients, optimizer states
     after ZeRO, activations x in-flight micro-batches, ZeRO-3 working set, buffers,
     fragmentation and CUDA context; the peak stage and the phase of the peak (forward-backward
-    or optimizer step), plus the assumptions made.
+    or optimizer step), plus the assumptions made. A GPU name is read as the memory CUDA can
+    allocate on it; a fit within the memory model's uncertainty is marked "near the limit".
+    Without --layers-per-stage a pipeline takes the layer split of least peak among Megatron's
+    (even, account-for-embedding/loss, first/last-stage counts); a flag that needs another
+    implies it (--recompute-modules: --recompute selective; --offload params: --zero 3;
+    --layers-per-stage: --pp) and says so.
 
     \b
     Examples:
@@ -116,10 +142,11 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
           --global-batch-size 1024
       dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32 \\
           --grad-accum 16
-      dssup estimate --model deepseek-v3 --tp 1 --pp 16 --ep 64 --gpus 2048 --schedule dualpipe \\
-          --layers-per-stage 3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 --global-batch-size 15360 --zero 1 \\
-          --precision fp8 --dtypes moments=bf16 --framework deepseek --recompute selective \\
-          --gpu-memory H800   # DeepSeek-V3 as trained (docs/memory-model.md)
+      dssup estimate --model deepseek-v3 --gpus 2048 --gpu-memory H800 \\
+          --global-batch-size 15360 --tp 1 --pp 16 --ep 64 --schedule dualpipe --zero 1 \\
+          --precision fp8 --dtypes moments=bf16 --recompute selective
+          # DeepSeek-V3 as trained (docs/memory-model.md): DualPipe implies DeepSeek's
+          # framework, the layer split of least peak is found (3,4x14,2) and printed
       dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
           --global-batch-size 512 --recompute selective --json
       dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
@@ -132,7 +159,7 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
     the GPU table), and the model build on the host when --host-load-dtype says so.
     Exit status: 0 fits (or nothing to check), 1 does not fit the GPU or the host, 2 bad input.
     """
-    est = run_estimate(o)
+    est = run_estimate(o, given_params())
     if plot is not None:
         plot_estimate(est, plot)
     if as_json:

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
+from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.memory.config import Convention
 from dssup.memory.defaults import default_precision
 from dssup.memory.gpus import find_gpu, parse_size
@@ -25,9 +27,11 @@ from dssup.modelio import load_model
 
 __all__ = [
     "build_inputs",
+    "given_params",
     "host_inputs",
     "layout_options",
     "load_profile",
+    "margin_option",
     "model_options",
     "overhead_options",
     "profile_from_json",
@@ -35,6 +39,30 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def margin_option(fn: F) -> F:
+    """``--margin``, as ``plan``, ``plan --nnodes`` and ``plan-elastic`` read it."""
+    return click.option(
+        "--margin",
+        type=click.FloatRange(min=0, max=1, max_open=True),
+        default=DEFAULT_MARGIN,
+        show_default=True,
+        help="Extra fraction of the usable GPU memory kept free. The CUDA context, buffers and "
+        "fragmentation are modelled and the driver's reservation is left out already; rows "
+        "within the memory model's uncertainty of the limit are marked 'near'.",
+    )(fn)
+
+
+def given_params() -> set[str]:
+    """Parameters of the running command the user typed (not defaults)."""
+    ctx = click.get_current_context()
+    return {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
 
 
 def _apply(options: list[Callable[[F], F]]) -> Callable[[F], F]:

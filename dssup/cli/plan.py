@@ -6,24 +6,27 @@ import json
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from dssup.cli.app import main
 from dssup.cli.explain import render_explain
 from dssup.cli.hardware import build_cost, build_topology, hardware_options
+from dssup.cli.implied import imply
 from dssup.cli.options import (
     build_layout,
     build_overheads,
     build_training,
+    given_params,
     host_inputs,
     layout_options,
+    margin_option,
     model_options,
     overhead_options,
     training_options,
 )
-from dssup.cli.render import render_plan
+from dssup.cli.render_plan import capacity_note, render_plan
 from dssup.errors import ConfigError
-from dssup.memory import PlanRequest, plan
+from dssup.memory import ModelSpec, PlanRequest, plan
+from dssup.memory.frameworks import runnable_frameworks
 from dssup.memory.gpus import parse_size
 from dssup.modelio import load_model
 
@@ -65,11 +68,18 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
 @overhead_options
 @hardware_options
 @click.option(
-    "--search-parallelism",
+    "--search-parallelism/--fixed-layout",
+    default=True,
+    show_default=True,
+    help="Vary TP (powers of two up to --max-tp), PP, EP, the pipeline schedule (1F1B, "
+    "interleaved VPP, DualPipe for MoE) and the layer split (the default); --tp/--pp/--ep/"
+    "--schedule/--vpp given explicitly pin it. --fixed-layout: only the given layout.",
+)
+@click.option(
+    "--exhaustive",
     is_flag=True,
-    help="Also vary TP (powers of two up to --max-tp), PP, EP and the pipeline schedule "
-    "(1F1B, interleaved VPP, DualPipe for MoE); --tp/--pp/--ep/--schedule/--vpp given "
-    "explicitly pin it.",
+    help="Sweep every layout's memory (exact counts of what fits; slower). Default: rank the "
+    "printed rows by a step-time lower bound and skip layouts that cannot reach them.",
 )
 @click.option(
     "--max-tp",
@@ -80,13 +90,7 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
 )
 @click.option("--no-offload", is_flag=True, help="Never propose optimizer or parameter offload.")
 @click.option("--zero-stages", default=None, help="ZeRO stages allowed (default 0,1,2,3).")
-@click.option(
-    "--margin",
-    type=click.FloatRange(min=0, max=1, max_open=True),
-    default=0.05,
-    show_default=True,
-    help="Fraction of GPU memory kept free.",
-)
+@margin_option
 @click.option(
     "--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to print."
 )
@@ -99,6 +103,7 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def plan_cmd(
     search_parallelism: bool,
+    exhaustive: bool,
     max_tp: int,
     no_offload: bool,
     zero_stages: str | None,
@@ -112,21 +117,26 @@ def plan_cmd(
 
     \b
     Varies micro-batch with the matching gradient accumulation (micro x accum x DP = global
-    batch, always), recompute, ZeRO stage and offload; with --search-parallelism also TP, PP,
-    EP and the schedule. A searched option you give pins the search: --micro-batch,
-    --recompute, --zero, --offload (and, with --search-parallelism, --tp, --pp, --ep,
-    --schedule, --vpp). --grad-accum follows from the global batch and is refused here.
-    --layers-per-stage with --search-parallelism is the split of the layouts with its own
-    PP (its entries, divided by --vpp) under 1F1B and DualPipe; other PPs split evenly.
-    Step times are for the GPU's reference node (dssup gpus); every figure is printed.
+    batch, always), recompute, ZeRO stage, offload, TP, PP, EP, the schedule, the layer split
+    (Megatron's account-for-embedding/loss and first/last-stage counts) and, with no
+    --framework, the frameworks that run the model (Megatron; DeepSeek's own code, with
+    DualPipe, for DeepSeek-V2/V3-class models): every row names its framework and split. A
+    searched option you give pins the search: --micro-batch, --recompute, --zero, --offload,
+    --tp, --pp, --ep, --schedule, --vpp, --framework; --layers-per-stage is the split of the
+    layouts with its own PP (its entries, divided by --vpp). --grad-accum follows from the
+    global batch and is refused here. Fit is judged against what CUDA can allocate on the GPU;
+    rows marked 'near' are within the memory model's uncertainty of it. Step times are for the
+    GPU's reference node (dssup gpus); every figure and assumption is printed.
 
     \b
     Examples:
-      dssup plan --model deepseek-v3 --gpus 2048 --global-batch-size 15360 \\
-          --gpu-memory H800 --framework deepseek --precision fp8 --dtypes moments=bf16 \\
-          --compute-dtype fp8 --search-parallelism --margin 0 --top 5 --explain 1
+      dssup plan --model deepseek-v3 --gpus 2048 --gpu-memory H800 \\
+          --global-batch-size 15360 --precision fp8 --dtypes moments=bf16 \\
+          --ep-dispatch dedup --top 5 --explain 1   # DeepSeek-V3 as trained: FP8, BF16 moments
       dssup plan --model llama-3-70b --gpus 64 --global-batch-size 512 --gpu-memory H100 \\
           --host-memory 2TiB      # offload only where the node's host memory holds it
+      dssup plan --model llama-3-8b --gpus 8 --global-batch-size 64 --gpu-memory H100 \\
+          --fixed-layout --tp 1   # only the given layout: micro-batch, recompute, ZeRO, offload
     Exit status: 0 something fits, 1 nothing fits, 2 bad input.
     """
     if o["nnodes"] is not None:
@@ -136,24 +146,14 @@ def plan_cmd(
         raise ConfigError("--gpus", "required for planning", "pass --gpus N (or --nnodes MIN:MAX)")
     if not o["gpu_memory"]:
         raise ConfigError("--gpu-memory", "required for planning", "pass e.g. --gpu-memory H100")
-    given = _given()
+    given = given_params()
+    notes = imply(o, given, "plan")
     if "grad_accum" in given:
         raise ConfigError(
             "--grad-accum",
             "plan derives it from --global-batch-size, the micro-batch and DP",
             "drop it; pass --micro-batch to pin the micro-batch",
         )
-    if search_parallelism and o["layers_per_stage"] and "pp" not in given:
-        # the split names its own PP (one count per stage, per virtual stage with --vpp):
-        # the search uses it for that PP and VPP and splits other PPs evenly, unpinned
-        entries = len(o["layers_per_stage"].split(","))
-        if entries % o["vpp"]:
-            raise ConfigError(
-                "--layers-per-stage",
-                f"{entries} entries do not make whole stages of --vpp {o['vpp']} chunks",
-                "give one layer count per model chunk: PP x VPP entries",
-            )
-        o["pp"] = entries // o["vpp"]
     stages = _stages(zero_stages, o["zero"] if "zero" in given else None)
     offloads: tuple[str, ...] | None = None
     if "offload" in given:
@@ -165,8 +165,11 @@ def plan_cmd(
     host, per_node, source = host_inputs(o)
     if o.get("gpu_name"):  # --gpu names the node: its figure and source, like the step times
         per_node, source = topo.gpus_per_node, topo.sources["gpus_per_node"]
+    model = load_model(o["model"], o.get("approximate_as"))
+    frameworks = None if "framework" in given else runnable_frameworks(model)
+    notes += _search_notes(model, frameworks, o, search_parallelism)
     req = PlanRequest(
-        model=load_model(o["model"], o.get("approximate_as")),
+        model=model,
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"),
         global_batch=o["global_batch_size"],
         world_size=o["world_size"],
@@ -180,6 +183,9 @@ def plan_cmd(
         offloads=offloads,
         micro_batches=(o["micro_batch"],) if "micro_batch" in given else None,
         search_parallelism=search_parallelism,
+        search_splits=True,
+        frameworks=frameworks,
+        bound=not exhaustive,
         fixed=tuple(_PINS[k] for k in _PINS if k in given) if search_parallelism else (),
         max_tp=max_tp,
         margin=margin,
@@ -197,26 +203,46 @@ def plan_cmd(
             f"row {explain} does not exist ({len(res.candidates)} rows fit)",
             f"pick a row from 1 to {len(res.candidates)}" if res.candidates else "nothing fits",
         )
+    notes.append(f"host per node: {per_node} GPUs per node ({source})")
+    notes.insert(0, capacity_note(o["gpu_memory"], margin))
     if as_json:
-        click.echo(json.dumps(res.model_dump(mode="json"), separators=(",", ":")))
+        doc = {**res.model_dump(mode="json"), "assumptions": notes}
+        click.echo(json.dumps(doc, separators=(",", ":")))
     else:
         click.echo(render_plan(res, top, margin))
         if explain is not None:
             click.echo(render_explain(res, explain, req.cost))
-        click.echo(f"host per node: {per_node} GPUs per node ({source})")
+        click.echo("assumptions:")
+        click.echo("\n".join(f"  - {n}" for n in notes))
     if not res.candidates:
         raise SystemExit(1)
 
 
-def _given() -> set[str]:
-    """Parameters the user typed (not defaults)."""
-    ctx = click.get_current_context()
-    return {
-        name
-        for name in ctx.params
-        if ctx.get_parameter_source(name)
-        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-    }
+def _search_notes(
+    model: ModelSpec, frameworks: tuple[str, ...] | None, o: dict[str, Any], searched: bool
+) -> list[str]:
+    """What the search assumed about frameworks and layer splits, in words."""
+    out = []
+    if frameworks is None:
+        out.append(f"framework {o['framework']} (--framework pins it)")
+    elif len(frameworks) > 1:
+        out.append(
+            f"frameworks {', '.join(frameworks)} (no --framework): {model.name} runs under "
+            "Megatron-Core (1F1B, interleaved) and DeepSeek's own code (DualPipe, which "
+            "Megatron-Core does not have); each row names its own; --framework pins one"
+        )
+    else:
+        out.append(f"framework {frameworks[0]} (no --framework: the one that runs {model.name})")
+    if o.get("layers_per_stage"):
+        out.append("layer split: --layers-per-stage for its PP; other PPs searched as below")
+    out.append(
+        "layer splits searched for every PP (Megatron --account-for-embedding-in-pipeline-"
+        "split / --account-for-loss-in-pipeline-split, --decoder-first/last-pipeline-num-"
+        "layers, and the even split); each row keeps its fastest and names it"
+    )
+    if not searched:
+        out.append("layout fixed (--fixed-layout): only micro-batch, recompute, ZeRO, offload")
+    return out
 
 
 def _stages(text: str | None, pinned: int | None) -> tuple[int, ...]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dssup.memory import Estimate, PlanResult
+from dssup.memory import Estimate
 
-__all__ = ["gib", "render_estimate", "render_plan"]
+__all__ = ["gib", "render_estimate", "table"]
 
 
 def gib(n: int | float) -> str:
@@ -84,7 +84,7 @@ def _columns(est: Estimate) -> tuple[str, ...]:
     return cols
 
 
-def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))
     out = [line, "-" * len(line)]
@@ -97,7 +97,7 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
     lines = [
         f"{est.model}: per-GPU memory, {est.world_size} GPUs, convention {est.convention} (GiB)"
     ]
-    lines += _table(_columns(est), _stage_rows(est))
+    lines += table(_columns(est), _stage_rows(est))
     peak = est.peak
     lines.append(
         f"peak: stage {est.peak_stage} {gib(est.peak_bytes)} GiB in the {est.peak_phase} phase "
@@ -105,10 +105,13 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
     )
     if est.gpu_memory_bytes is not None and est.headroom_bytes is not None:
         verdict = "FITS" if est.headroom_bytes >= 0 else "DOES NOT FIT"
-        lines.append(
-            f"GPU {gib(est.gpu_memory_bytes)} GiB: {verdict} "
-            f"(headroom {gib(est.headroom_bytes)} GiB)"
-        )
+        line = f"GPU {gib(est.gpu_memory_bytes)} GiB: {verdict} (headroom {gib(est.headroom_bytes)} GiB)"
+        if est.near_limit:
+            line += (
+                f", near the limit: within {est.uncertainty or 0:.1%}, the memory model's "
+                f"uncertainty ({est.uncertainty_source})"
+            )
+        lines.append(line)
     lines += _host_lines(est)
     if verbose:
         lines.append("activation terms of the peak stage (per micro-batch, GiB):")
@@ -137,90 +140,3 @@ def _host_lines(est: Estimate) -> list[str]:
             f"(headroom {gib(est.host_headroom_bytes)} GiB)"
         )
     return [line]
-
-
-def render_plan(res: PlanResult, top: int, margin: float = 0.05) -> str:
-    header = (
-        "#",
-        "tp",
-        "pp",
-        "ep",
-        "dp",
-        "sched",
-        "micro",
-        "accum",
-        "recompute",
-        "zero",
-        "offload",
-        "peak GiB",
-        "headroom",
-        "step s",
-        "host/node",
-        "phase",
-    )
-    rows: list[tuple[str, ...]] = []
-    for i, c in enumerate(res.candidates[:top], 1):
-        t, lay = c.training, c.layout
-        off = "both" if t.offload_params else ("optimizer" if t.offload_optimizer else "none")
-        rows.append(
-            (
-                str(i),
-                str(lay.tp),
-                str(lay.pp),
-                str(lay.ep),
-                str(lay.dp),
-                _sched(lay.schedule, lay.vpp, lay.pp),
-                str(t.micro_batch),
-                str(t.grad_accum),
-                t.recompute,
-                str(t.zero_stage),
-                off,
-                gib(c.peak_bytes),
-                gib(c.headroom_bytes),
-                f"{c.step_time_s:.3f}",
-                gib(c.host_bytes_per_node),
-                c.phase,
-            )
-        )
-    lines = [
-        f"{res.fitting} of {res.evaluated} configs fit; fastest first by predicted step time "
-        f"on {res.topology.gpu} (micro x accum x dp = global batch in every row)"
-    ]
-    lines += [f"warning: {w}" for w in res.warnings]
-    if res.host_limited:
-        lines.append(
-            f"{res.host_limited} configs fit the GPU but not the host memory (the least needs "
-            f"{gib(res.host_limited_bytes or 0)} GiB per node)"
-        )
-    if rows:
-        lines += _table(header, rows)
-        lines.append("dssup plan --explain N shows row N's step time term by term")
-    elif res.closest is not None:
-        lines.append(_closest(res, margin))
-    return "\n".join(lines)
-
-
-def _sched(schedule: str, vpp: int, pp: int) -> str:
-    if pp == 1:
-        return "-"
-    return f"vpp{vpp}" if schedule == "interleaved" else schedule
-
-
-def _closest(res: PlanResult, margin: float) -> str:
-    """Name whether the closest config misses the GPU itself or only the kept-free margin."""
-    c = res.closest
-    assert c is not None  # checked by the caller; not input validation
-    what = (
-        f"tp {c.layout.tp} pp {c.layout.pp} ep {c.layout.ep} micro {c.training.micro_batch} "
-        f"recompute {c.training.recompute} zero {c.training.zero_stage} needs "
-        f"{gib(c.peak_bytes)} GiB"
-    )
-    if res.closest_fits_gpu:
-        gpu = c.peak_bytes + c.headroom_bytes
-        need = max(0.0, 1 - c.peak_bytes / gpu)
-        return (
-            f"nothing fits with the {margin:.0%} margin; closest: {what}, which fits the GPU "
-            f"({gib(c.headroom_bytes)} GiB free) but not the margin: --margin "
-            f"{int(need * 1000) / 1000:g} would admit it"
-        )
-    return f"nothing fits the GPU; closest: {what} ({gib(-c.headroom_bytes)} GiB over the GPU)"

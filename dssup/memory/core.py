@@ -152,6 +152,16 @@ def _every(kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
     return [t for moe in (True, False) for _ in range(kinds.count(moe)) for t in per[moe]]
 
 
+def _sum_counted(layers: list[tuple[Term, int]], rest: list[Term]) -> tuple[Term, ...]:
+    """``_sum`` of every layer's terms (each ``n`` times) then ``rest``, in that order."""
+    sums: dict[tuple[str, str], int] = {}
+    for t, n in layers:
+        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes * n
+    for t in rest:
+        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
+    return tuple(Term(name, group, b) for (name, group), b in sums.items())
+
+
 def _sum(terms: list[Term]) -> tuple[Term, ...]:
     sums: dict[tuple[str, str], int] = {}
     for t in terms:
@@ -173,14 +183,16 @@ def _stage_terms(
     per = {moe: layer_terms(c, moe) for moe in set(kinds)}
     mtp = layer_terms(c, c.m.moe is not None) if sp.mtp else []
     io = stage_io_terms(c, sp.first, sp.last, mtp)
-    every = _every(kinds, per)
+    counts = {moe: kinds.count(moe) for moe in (True, False)}
     terms = {}
     for rc in RECOMPUTE_LEVELS:
+        io_kept = [t for t in io if keep(t.group, rc, c)]
         if rc == "full":
-            layers = _kept_full(c, kinds, per)
-        else:
-            layers = [t for t in every if keep(t.group, rc, c)]
-        terms[rc] = _sum(layers + [t for t in io if keep(t.group, rc, c)])
+            terms[rc] = _sum(_kept_full(c, kinds, per) + io_kept)
+            continue
+        # every layer of a kind keeps the same terms: filter one, count it (as _every + _sum)
+        kept = [(t, counts[moe]) for moe in (True, False) if counts[moe] for t in per[moe]]
+        terms[rc] = _sum_counted([(t, n) for t, n in kept if keep(t.group, rc, c)], io_kept)
     acts = {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}
     loss = loss_backward(c) if (sp.last or sp.mtp) else 0
     # A layer's backward runs after the loss's: its kept tensors are gone by then.

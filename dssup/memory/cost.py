@@ -49,6 +49,7 @@ __all__ = [
     "bubble",
     "layout_cost",
     "tp_overlap",
+    "with_memory_bound",
 ]
 
 
@@ -187,11 +188,24 @@ class RcPart(NamedTuple):
     traffic: tuple[float, float, float, float]  # raw TP, EP, CP, PP seconds
 
 
+class RcRaw(NamedTuple):
+    """A recompute level's seconds per sequence before the memory-bound kernels join them."""
+
+    gemm: float
+    core: float
+    exposed: float
+    dual: float
+    extra: float
+    traffic: tuple[float, float, float, float]
+
+
 class LayoutCost(NamedTuple):
     """Everything that depends only on the layout, folded once (most configs never need it:
     the planner folds it on the first config of the layout that fits)."""
 
     rc: dict[Recompute, RcPart]
+    raw: dict[Recompute, RcRaw]  # what ``with_memory_bound`` finishes ``rc`` from
+    none: tuple[float, float, float]  # GEMM and attention seconds without recompute, MoE
     zero: dict[int, tuple[float, float, float, float]]  # seconds: dp_bytes' four amounts
     weight_reads: float  # seconds per micro-batch: weights read forward, dgrad, wgrad
     bubble: float  # micro-batches
@@ -233,7 +247,6 @@ def layout_cost(
     slot_s = m.hidden * cm.moe_slot_seconds
     rates = (gemm_rate, core_rate, slot_s)
     w, comm = _slowest(m, layout, works, seq, lk, (act, 1 if fp8 else act, dedup), rates)
-    elem = cm.elementwise_passes * act_bytes_per_seq / topo.hbm_bytes_per_s
     moe = w.slots * slot_s
     dual = layout.schedule == "dualpipe" and layout.pp > 1
     sm = cm.comm_sm_fraction
@@ -244,7 +257,7 @@ def layout_cost(
     full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
     g_none, c_none = w.fwd_bwd("none")
     g0, c0 = g_none / gemm_rate, c_none / core_rate
-    rc_parts: dict[Recompute, RcPart] = {}
+    raw: dict[Recompute, RcRaw] = {}
     for rc in RECOMPUTE_LEVELS:
         g, c = w.fwd_bwd(rc, modules, full)
         gemm, core = g / gemm_rate, c / core_rate
@@ -258,16 +271,8 @@ def layout_cost(
             shown[1] = (0.0, 0.0)
             overlapped = traffic[1]
         exposed = sum(t * (1 - h) + sm * t * h for t, h in shown)
-        total = gemm + core + elem + moe
         extra = max(0.0, gemm + core - g0 - c0)
-        rc_parts[rc] = RcPart(
-            seq=total,
-            exposed=exposed,
-            dual=overlapped,
-            fwd_share=(g0 + c0) / 3 / total if total else 0.0,
-            parts=(g0, c0, elem, moe, extra),
-            traffic=traffic,
-        )
+        raw[rc] = RcRaw(gemm, core, exposed, overlapped, extra, traffic)
     gb, wb = precision.gradients, precision.weights
     zero_parts = {}
     bw_d, bw_e = lk.dp.bytes_per_s, lk.edp.bytes_per_s
@@ -280,8 +285,10 @@ def layout_cost(
     # A micro-batch crosses one of the two stages a DualPipe device holds: it reads half the
     # device's weights (the work in ``device_work`` is the mean of the two stages likewise).
     read = params / 2 if dual else params
-    return LayoutCost(
-        rc=rc_parts,
+    folded = LayoutCost(
+        rc={},
+        raw=raw,
+        none=(g0, c0, moe),
         zero=zero_parts,
         weight_reads=3 * read * (1 if fp8 else wb) / topo.hbm_bytes_per_s,
         bubble=bubble(layout),
@@ -291,6 +298,27 @@ def layout_cost(
         cores_per_gpu=topo.cores_per_gpu,
         lk=lk,
     )
+    return with_memory_bound(folded, cm.elementwise_passes * act_bytes_per_seq / folded.hbm)
+
+
+def with_memory_bound(lc: LayoutCost, elem: float) -> LayoutCost:
+    """``lc`` with ``elem`` seconds of memory-bound kernels per sequence (the activations the
+    memory model stores, ``elementwise_passes`` times over HBM): ``layout_cost``'s last step,
+    so a fold made without the activations (the planner's lower bound) is finished later with
+    exactly the arithmetic a direct fold has."""
+    g0, c0, moe = lc.none
+    rc_parts: dict[Recompute, RcPart] = {}
+    for rc, x in lc.raw.items():
+        total = x.gemm + x.core + elem + moe
+        rc_parts[rc] = RcPart(
+            seq=total,
+            exposed=x.exposed,
+            dual=x.dual,
+            fwd_share=(g0 + c0) / 3 / total if total else 0.0,
+            parts=(g0, c0, elem, moe, x.extra),
+            traffic=x.traffic,
+        )
+    return lc._replace(rc=rc_parts)
 
 
 def _slowest(

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from dssup.memory.config import Precision, Recompute
 from dssup.memory.cost import CostModel, LayoutCost
 
-__all__ = ["CostCurve", "cost_at", "cost_curve", "cost_terms", "traffic"]
+__all__ = ["CostCurve", "cost_at", "cost_curve", "cost_terms", "make_curve", "traffic"]
 
 
 class CostCurve(NamedTuple):
@@ -49,7 +49,6 @@ def cost_curve(
     precision: Precision,
 ) -> CostCurve:
     """Fold the (ZeRO, offload, recompute) choice and the optimizer shard into a curve."""
-    part = lc.rc[rc]
     grads, params, grads_mb, per_mb = lc.zero[zero]
     gb, wb = precision.gradients, precision.weights
     if rc == "full":  # the re-forward gathers the weights once more
@@ -62,6 +61,22 @@ def cost_curve(
     else:
         adam = 2 * (precision.master + 2 * precision.moments) + gb + wb
         optimizer = shard * adam / lc.hbm
+    return make_curve(cm, lc, rc, per_mb, grads_mb, grads, params, optimizer)
+
+
+def make_curve(
+    cm: CostModel,
+    lc: LayoutCost,
+    rc: Recompute,
+    per_mb: float,
+    grads_mb: float,
+    grads: float,
+    params: float,
+    optimizer: float,
+) -> CostCurve:
+    """The curve of one recompute level with the given data-parallel and optimizer seconds
+    (``cost_curve``'s; the planner's lower bound passes zeros)."""
+    part = lc.rc[rc]
     # tuple.__new__: a NamedTuple's own constructor is a Python function, and the planner
     # builds one curve per (layout, ZeRO, offload, recompute) that fits
     return tuple.__new__(

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 from dssup.errors import ConfigError
 from dssup.memory.assumptions import assumptions
+from dssup.memory.capacity import band, near_limit
 from dssup.memory.config import Convention, Layout, Overheads, Training
 from dssup.memory.core import (
     PreparedDevice,
@@ -156,6 +157,13 @@ def estimate(
     if host_memory_bytes is not None and per_node is not None:
         host_fits = per_node <= host_memory_bytes
     checks = [c for c in (gpu_fits, host_fits) if c is not None]
+    unc = band(
+        r.framework if convention != "paper" else None,
+        isinstance(training.implementation, TracedProfile),
+    )
+    near = None
+    if gpu_memory_bytes is not None:
+        near = bool(gpu_fits) and near_limit(peak_bytes, gpu_memory_bytes, unc)
     return Estimate(
         convention=convention,
         model=model.name,
@@ -167,6 +175,9 @@ def estimate(
         gpu_memory_bytes=gpu_memory_bytes,
         fits=all(checks) if checks else None,
         headroom_bytes=None if gpu_memory_bytes is None else gpu_memory_bytes - peak_bytes,
+        near_limit=near,
+        uncertainty=unc.fraction,
+        uncertainty_source=unc.source,
         assumptions=notes + assumptions(model, layout, training, convention, r, ov, gpus_per_node),
         schedule=layout.schedule,
         framework=None if convention == "paper" else r.framework,

@@ -76,6 +76,14 @@ class GpuSpec(BaseModel):
         "memory-bound kernels and small micro-batches run at (the planner's step-time model)",
     )
     hbm_source: str = Field(default="", description="where the memory bandwidth was read")
+    cuda_memory_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="device memory CUDA can allocate, bytes: cudaGetDeviceProperties "
+        "totalGlobalMem (torch total_memory, nvidia-smi -q 'Total' minus 'Reserved'), below the "
+        "driver total because the driver reserves part of it; None: no public capture",
+    )
+    cuda_memory_source: str = Field(default="", description="where totalGlobalMem was read")
     compute_source: str = Field(description="where FLOP/s and link figures were read")
     unverified: tuple[str, ...] = Field(
         default=(),

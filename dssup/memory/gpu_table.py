@@ -638,4 +638,27 @@ def _with_hbm(spec: GpuSpec) -> GpuSpec:
     )
 
 
-GPU_TABLE = tuple(_with_hbm(spec) for spec in GPU_TABLE)
+# What CUDA can allocate (totalGlobalMem): the driver total less what the driver reserves.
+_CUDA: dict[str, tuple[int, str]] = {
+    "H100-SXM-80GB": (
+        85_045_477_376,
+        "thamada/nvidia-smi 03fbe6e nvsim/H100SXMx8_deviceQuery.py ('81106 MBytes "
+        "(85045477376 bytes)') and nvsim/H100SXMx8_smi.py (nvidia-smi -q, driver 565.57.01: "
+        "Total 81559 MiB, Reserved 454 MiB, Free 81106 MiB)",
+    ),
+    "H800-SXM-80GB": (
+        84_943_110_144,
+        "deepseek-ai/profile-data 4496024 train.json (deviceProperties totalGlobalMem of "
+        "DeepSeek's H800s, the trace of their training step)",
+    ),
+}
+
+
+def _with_cuda(spec: GpuSpec) -> GpuSpec:
+    if spec.name not in _CUDA:
+        return spec
+    nbytes, src = _CUDA[spec.name]
+    return spec.model_copy(update={"cuda_memory_bytes": nbytes, "cuda_memory_source": src})
+
+
+GPU_TABLE = tuple(_with_cuda(_with_hbm(spec)) for spec in GPU_TABLE)

@@ -20,12 +20,14 @@ import math
 import re
 
 from dssup.errors import ConfigError
+from dssup.memory.capacity import driver_reserve_fraction, usable_bytes, usable_note
 from dssup.memory.gpu_spec import GpuSpec, ReferenceSystem
 from dssup.memory.gpu_table import GPU_TABLE
 from dssup.memory.sizes import SIZE_HINT, UNIT_HINT, parse_bytes, parse_quantity, positive
 
 __all__ = [
     "AMBIGUOUS",
+    "DRIVER_RESERVE",
     "GPU_TABLE",
     "MIG_MEMORY_FRACTION",
     "GpuSpec",
@@ -35,9 +37,13 @@ __all__ = [
     "mig_memory_mib",
     "parse_bytes",
     "parse_size",
+    "usable_memory",
+    "usable_memory_note",
 ]
 
 MIG_MEMORY_FRACTION = 0.83
+#: Share of the driver total kept from CUDA, for GPUs without a totalGlobalMem capture.
+DRIVER_RESERVE = driver_reserve_fraction(GPU_TABLE)
 
 # Short names that could mean GPUs of different memory: the user must choose.
 AMBIGUOUS: dict[str, tuple[str, ...]] = {
@@ -102,15 +108,27 @@ def mig_memory_mib(product: str) -> int | None:
     return min(mib, parent.memory_mib) if parent is not None else mib
 
 
+def usable_memory(spec: GpuSpec) -> int:
+    """Bytes CUDA can allocate on ``spec`` (``capacity.usable_bytes``): what a fit is judged
+    against."""
+    return usable_bytes(spec, DRIVER_RESERVE)
+
+
+def usable_memory_note(spec: GpuSpec) -> str:
+    """Where ``usable_memory`` comes from, for the assumptions."""
+    return usable_note(spec, DRIVER_RESERVE)
+
+
 def parse_size(text: str, field: str = "size", *, gpu: bool = True, zero: bool = False) -> int:
     """Bytes of a memory amount: ``80GiB``, ``80GB``, ``0.75GiB``, ``1024B`` or (``gpu``) a GPU
-    name from the one table, as its driver reports it. A bare number is refused (``sizes.py``)."""
+    name from the one table, read as the memory CUDA can allocate on it (``usable_memory``: the
+    driver total less its reservation). A bare number is refused (``sizes.py``)."""
     hint = SIZE_HINT if gpu else UNIT_HINT
     value = parse_quantity(text, field, None, hint)
     if value is None and gpu:
         spec = find_gpu(text, field)
         if spec is not None:
-            return spec.memory_bytes
+            return usable_memory(spec)
     if value is None:
         raise ConfigError(field, f"cannot read {text!r} as a size", hint)
     return positive(value, text, field, zero)

@@ -24,12 +24,22 @@ states pins the search instead of being silently replaced.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from dssup.memory.config import Layout
+from dssup.memory.config import Layout, Schedule
 from dssup.memory.spec import ModelSpec
+from dssup.memory.splits import split_family, split_vpps
 from dssup.memory.validate import divisors
 
-__all__ = ["FIXABLE", "search_layouts", "vpp_choices"]
+__all__ = ["FIXABLE", "SplitSearch", "layout_splits", "search_layouts", "vpp_choices"]
+
+
+@dataclass(frozen=True, slots=True)
+class SplitSearch:
+    """What the split search needs beyond the layout: whether the framework builds MTP (the
+    account-for splits count its modules as layers)."""
+
+    mtp: bool
 
 
 def vpp_choices(layers: int, pp: int, limit: int) -> list[int]:
@@ -50,9 +60,13 @@ def search_layouts(
     max_vpp: int,
     fixed: tuple[str, ...] = (),
     dualpipe: bool = False,
+    splits: SplitSearch | None = None,
+    schedules: tuple[Schedule, ...] | None = None,
 ) -> Iterator[Layout]:
     """Every layout of the search space for ``world`` GPUs (validity is checked by the caller);
-    the fields in ``fixed`` keep ``base``'s value; ``dualpipe``: the framework runs DualPipe."""
+    the fields in ``fixed`` keep ``base``'s value; ``dualpipe``: the framework runs DualPipe;
+    ``splits``: also every uneven split of ``splits.py`` (and the VPPs they make whole) for the
+    layouts without a given split; ``schedules``: only these (None: every one offered)."""
     eps = [base.ep] if "ep" in fixed else (divisors(m.moe.n_routed) if m.moe else [1])
     tps = [base.tp] if "tp" in fixed else [d for d in divisors(world, max_tp) if d & (d - 1) == 0]
     for tp in tps:
@@ -67,26 +81,48 @@ def search_layouts(
                 if (tp * base.cp * dp) % (ep * base.etp):
                     continue
                 common = {"tp": tp, "pp": pp, "dp": dp, "ep": ep}
-                for schedule, vpp in _schedules(m, base, pp, max_vpp, fixed, dualpipe):
-                    # a given split is one layer count per model chunk: it fits every
-                    # searched layout with its PP and VPP (1F1B and DualPipe alike)
-                    own = (pp, vpp) == (base.pp, base.vpp)
-                    split = base.layers_per_stage if own else None
-                    yield base.model_copy(
-                        update={
-                            **common,
-                            "schedule": schedule,
-                            "vpp": vpp,
-                            "layers_per_stage": split,
-                        }
-                    )
+                for schedule, vpp in _schedules(
+                    m, base, pp, max_vpp, fixed, dualpipe, splits, schedules
+                ):
+                    for split in layout_splits(m, base, pp, vpp, schedule, splits):
+                        yield base.model_copy(
+                            update={
+                                **common,
+                                "schedule": schedule,
+                                "vpp": vpp,
+                                "layers_per_stage": split,
+                            }
+                        )
+
+
+def layout_splits(
+    m: ModelSpec, base: Layout, pp: int, vpp: int, schedule: Schedule, splits: SplitSearch | None
+) -> list[tuple[int, ...] | None]:
+    """The layer splits to try for one (PP, VPP, schedule): a given split is one layer count
+    per model chunk and fits every layout with its PP and VPP (1F1B and DualPipe alike); else
+    the even split, and with ``splits`` the uneven family of ``splits.py``."""
+    if base.layers_per_stage is not None and (pp, vpp) == (base.pp, base.vpp):
+        return [base.layers_per_stage]
+    if splits is None or pp == 1:
+        return [None]
+    return [s.counts for s in split_family(m, pp, vpp, schedule, splits.mtp)]
 
 
 def _schedules(
-    m: ModelSpec, base: Layout, pp: int, max_vpp: int, fixed: tuple[str, ...], dualpipe: bool
-) -> list[tuple[str, int]]:
-    out: list[tuple[str, int]] = [("1f1b", 1)]
-    out += [("interleaved", v) for v in vpp_choices(m.layers, pp, max_vpp)]
+    m: ModelSpec,
+    base: Layout,
+    pp: int,
+    max_vpp: int,
+    fixed: tuple[str, ...],
+    dualpipe: bool,
+    splits: SplitSearch | None,
+    schedules: tuple[Schedule, ...] | None,
+) -> list[tuple[Schedule, int]]:
+    out: list[tuple[Schedule, int]] = [("1f1b", 1)]
+    vpps = vpp_choices(m.layers, pp, max_vpp)
+    if splits is not None:  # an account-for split makes more interleavings whole
+        vpps = split_vpps(m, pp, max_vpp, splits.mtp)
+    out += [("interleaved", v) for v in vpps]
     dualpipe = dualpipe or ("schedule" in fixed and base.schedule == "dualpipe")
     if m.moe is not None and pp % 2 == 0 and dualpipe:
         out.append(("dualpipe", 1))
@@ -97,4 +133,6 @@ def _schedules(
         out = [(s, v) for s, v in out if s == base.schedule]
     if "vpp" in fixed:
         out = [(s, v) for s, v in out if v == base.vpp]
+    if schedules is not None:
+        out = [(s, v) for s, v in out if s in schedules]
     return out

@@ -17,11 +17,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dssup.errors import ConfigError
+from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.memory.config import Framework, Layout, Precision, Recompute, Schedule, Training
 from dssup.memory.cost import CostModel
-from dssup.memory.gpus import find_gpu
+from dssup.memory.frameworks import runnable_frameworks
+from dssup.memory.gpus import find_gpu, usable_memory
 from dssup.memory.plan import Candidate, PlanRequest, plan
 from dssup.memory.spec import ModelSpec
+from dssup.memory.splits import describe_split
 from dssup.memory.topology import Topology, topology_for
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "load_recipes",
     "predict_published",
     "recipe_model",
+    "recipe_request",
     "recipe_topology",
     "recipe_training",
 ]
@@ -39,11 +43,12 @@ __all__ = [
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _GiB = 1 << 30
 
-#: Memory margin of the validation: 0, a published run fitted its GPU. ``plan``'s default 5 %
-#: is a user's safety knob against the model's error; judging recipes that ran with it would
-#: fail the recipes that use the last 5 % (DeepSeek-V3 leaves 1.4 % of an H800,
-#: tests/unit/memory/test_deepseek_v3_recipe.py). Both the pinned and the search plans use it.
-RECIPE_MARGIN = 0.0
+#: The validation runs with ``plan``'s own defaults: no margin (capacity.py), the GPU's
+#: CUDA-usable memory, no framework and no layer split given (the planner searches both). What
+#: a recipe states about the job itself (sequence, precision, FP8, recompute modules, the
+#: dispatcher, all-to-all overlap) is kept; the fixture's ``framework`` and
+#: ``layers_per_stage`` record what the source published and are not handed to the planner.
+RECIPE_MARGIN = DEFAULT_MARGIN
 
 
 class Recipe(BaseModel):
@@ -94,6 +99,7 @@ class Recipe(BaseModel):
     fit_for: str | None = Field(None, description="the CostModel constant this recipe fits")
 
     def layout(self) -> Layout:
+        """The published layout without its layer split (which the planner searches)."""
         return Layout(
             tp=self.tp,
             pp=self.pp,
@@ -102,7 +108,6 @@ class Recipe(BaseModel):
             ep=self.ep,
             dp=self.gpus // (self.tp * self.pp * self.cp),
             schedule=self.schedule,
-            layers_per_stage=self.layers_per_stage,
         )
 
 
@@ -111,17 +116,27 @@ class RecipeResult(BaseModel):
 
     model_config = _FROZEN
     name: str
-    fits: bool = Field(description="the published layout has a config predicted to fit")
+    fits: bool = Field(
+        description="the published layout has a config predicted to fit (plan's default options)"
+    )
     peak_gib: float | None
-    predicted_step_s: float | None = Field(description="the published config's step time")
+    predicted_step_s: float | None = Field(
+        description="the published config's step time, with its own split and framework"
+    )
     predicted: float | None = Field(description="predicted tokens/s/GPU of the published config")
     published: float
     error: float | None = Field(description="predicted / published - 1")
     rank: int | None = Field(description="rank of its best config among all fitting configs")
     layout_rank: int | None = Field(description="rank of its layout among fitting layouts")
     best_step_s: float | None = Field(description="the best step time the search predicts")
-    gap: float | None = Field(description="published config's step time / best - 1")
+    gap: float | None = Field(
+        description="the published layout's fastest row in the search (step time) / best - 1"
+    )
     best: str = Field(description="the search's best config, in words")
+    framework: str = Field(
+        "", description="the framework the planner ran the published layout with"
+    )
+    split: str = Field("", description="the layer split the planner chose for it")
     fitting: int
     evaluated: int
     fit: bool
@@ -150,23 +165,34 @@ def recipe_topology(r: Recipe) -> Topology:
     return topology_for(spec, host_cpu_cores=r.host_cores)[0]
 
 
-def recipe_training(r: Recipe) -> Training:
+def recipe_training(r: Recipe, framework: bool = False) -> Training:
     """The base training of a recipe: sequence, precision (FP8 caching with FP8 GEMMs unless
-    the recipe says otherwise), framework and recompute modules."""
+    the recipe says otherwise) and recompute modules; ``framework``: also the published
+    framework (the validation leaves it to the planner)."""
     cache = r.compute_dtype == "fp8" if r.cache_fp8 is None else r.cache_fp8
     return Training(
         seq_len=r.seq_len,
         precision=Precision.named(r.precision).model_copy(update={"cache_fp8": cache}),
-        framework=r.framework,
+        framework=r.framework if framework else None,
         recompute="selective" if r.recompute_modules else "none",
         recompute_modules=r.recompute_modules,
     )
 
 
-def _request(
-    r: Recipe, m: ModelSpec, cm: CostModel, gpu_memory: int, search: bool, limit: int
+def recipe_request(
+    r: Recipe,
+    m: ModelSpec,
+    cm: CostModel,
+    gpu_memory: int,
+    search: bool,
+    limit: int,
+    published: bool = False,
 ) -> PlanRequest:
+    """The plan of a recipe with ``plan``'s defaults (``published``: its own framework and
+    layer split, for the throughput it published)."""
     base = r.layout()
+    if published:
+        base = base.model_copy(update={"layers_per_stage": r.layers_per_stage})
     pinned = not search
     return PlanRequest(
         model=m,
@@ -175,7 +201,9 @@ def _request(
         global_batch=r.global_batch,
         world_size=r.gpus,
         layout=base,
-        training=recipe_training(r),
+        training=recipe_training(r, framework=published),
+        frameworks=None if published else runnable_frameworks(m),
+        search_splits=not published,
         recompute=(r.recompute,) if pinned and r.recompute else ("none", "selective", "full"),
         zero_stages=(r.zero,) if pinned else (0, 1, 2, 3),
         offloads=("none",) if pinned else None,
@@ -210,9 +238,23 @@ def _words(c: Candidate) -> str:
     lay, t = c.layout, c.training
     sched = f"vpp{lay.vpp}" if lay.schedule == "interleaved" else lay.schedule
     return (
-        f"TP{lay.tp} PP{lay.pp} {sched} EP{lay.ep} CP{lay.cp} mb{t.micro_batch} "
-        f"{t.recompute} ZeRO{t.zero_stage} {c.step_time_s:.2f}s"
+        f"{t.framework or 'megatron'} TP{lay.tp} PP{lay.pp} {sched} {_split(lay)} EP{lay.ep} "
+        f"CP{lay.cp} mb{t.micro_batch} {t.recompute} ZeRO{t.zero_stage} {c.step_time_s:.2f}s"
     )
+
+
+def _capacity(r: Recipe) -> int:
+    """What CUDA can allocate on the recipe's GPU (``gpus.usable_memory``)."""
+    spec = find_gpu(r.gpu)
+    if spec is None:
+        raise ConfigError("gpu", f"unknown GPU {r.gpu!r}", "use a GPU table name")
+    return usable_memory(spec)
+
+
+def _split(lay: Layout) -> str:
+    if lay.pp == 1:
+        return "-"
+    return "even" if lay.layers_per_stage is None else describe_split(lay.layers_per_stage)
 
 
 def _refused(r: Recipe, why: str) -> RecipeResult:
@@ -239,9 +281,7 @@ def _refused(r: Recipe, why: str) -> RecipeResult:
 def predict_published(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) -> float | None:
     """Predicted tokens/s/GPU of the published config (None: it is not predicted to fit)."""
     m = recipe_model(r, models)
-    spec = find_gpu(r.gpu)
-    gpu_memory = spec.memory_bytes if spec is not None else 80 * _GiB
-    own = plan(_request(r, m, cm, gpu_memory, False, 1))
+    own = plan(recipe_request(r, m, cm, _capacity(r), False, 1, published=True))
     if not own.candidates:
         return None
     return r.global_batch * r.seq_len / own.candidates[0].step_time_s / r.gpus
@@ -250,20 +290,23 @@ def predict_published(r: Recipe, models: dict[str, ModelSpec], cm: CostModel) ->
 def evaluate_recipe(
     r: Recipe, models: dict[str, ModelSpec], cm: CostModel, limit: int = 200_000
 ) -> RecipeResult:
-    """The published config's prediction and its rank in the parallelism search."""
+    """Whether the published layout fits with ``plan``'s default options (the planner choosing
+    framework and split), its rank in the default parallelism search, and the predicted
+    throughput of the published config as published (its own split and framework)."""
     m = recipe_model(r, models)
-    spec = find_gpu(r.gpu)
-    gpu_memory = spec.memory_bytes if spec is not None else 80 * _GiB
+    gpu_memory = _capacity(r)
     try:
-        own = plan(_request(r, m, cm, gpu_memory, False, 1))
+        own = plan(recipe_request(r, m, cm, gpu_memory, False, 1))
+        as_run = plan(recipe_request(r, m, cm, gpu_memory, False, 1, published=True))
     except (ConfigError, ValidationError) as exc:  # a layout the memory model cannot express
         return _refused(r, str(exc).splitlines()[1 if isinstance(exc, ValidationError) else 0])
     tokens = r.global_batch * r.seq_len
     found = own.candidates[0] if own.candidates else None
-    step = found.step_time_s if found is not None else None
-    search = plan(_request(r, m, cm, gpu_memory, True, limit))
+    step = as_run.candidates[0].step_time_s if as_run.candidates else None
+    search = plan(recipe_request(r, m, cm, gpu_memory, True, limit))
     cands = search.candidates
     rank = next((i for i, c in enumerate(cands, 1) if _same_layout(c, r)), None)
+    mine_s = cands[rank - 1].step_time_s if rank is not None else None
     layouts: list[tuple[object, ...]] = []
     for c in cands:
         key = (c.layout.tp, c.layout.pp, c.layout.ep, c.layout.schedule, c.layout.vpp)
@@ -282,8 +325,10 @@ def evaluate_recipe(
         rank=rank,
         layout_rank=layouts.index(mine) + 1 if mine in layouts else None,
         best_step_s=best,
-        gap=None if step is None or best is None else step / best - 1,
+        gap=None if mine_s is None or best is None else mine_s / best - 1,
         best=_words(cands[0]) if cands else "nothing fits",
+        framework=found.training.framework or "megatron" if found is not None else "",
+        split=_split(found.layout) if found is not None else "",
         fitting=search.fitting,
         evaluated=search.evaluated,
         fit=r.fit,

@@ -126,6 +126,15 @@ class Estimate(BaseModel):
         None, description="the GPU check and, with host_memory_bytes, the host check both pass"
     )
     headroom_bytes: int | None = Field(None, description="GPU memory minus peak_bytes")
+    near_limit: bool | None = Field(
+        None,
+        description="it fits, with a peak within the memory model's uncertainty band of the "
+        "GPU (``uncertainty``); None without a GPU to check",
+    )
+    uncertainty: float | None = Field(
+        None, description="the band, a fraction of the GPU (capacity.py, with its source)"
+    )
+    uncertainty_source: str = Field("", description="where the band comes from")
     assumptions: list[str]
     schedule: str = Field("1f1b", description="pipeline schedule: 1f1b, interleaved or dualpipe")
     framework: str | None = Field(

@@ -27,35 +27,51 @@ from functools import lru_cache
 from dssup.errors import ConfigError
 from dssup.memory.config import Layout
 
-__all__ = ["check_micro_batches", "held_counts", "interleaved_states"]
+__all__ = ["accumulation_rule", "check_micro_batches", "held_counts", "interleaved_states"]
+
+
+def accumulation_rule(layout: Layout, m: int) -> int:
+    """Which of the schedule's own rules ``m`` micro-batches break: 0 none, 1 DualPipe's
+    even m >= 2*pp, 2 the interleaved group bounds, 3 a short last interleaved group."""
+    pp = layout.pp
+    if layout.schedule == "dualpipe":
+        return 1 if (m % 2 or m < 2 * pp) else 0
+    if layout.schedule == "interleaved":
+        group = layout.vpp_group or pp
+        if group < pp or group > m:
+            return 2
+        if 0 < m % group < pp:
+            return 3
+    return 0
 
 
 def check_micro_batches(layout: Layout, m: int) -> None:
     """Refuse an accumulation count the schedule's own code refuses."""
+    rule = accumulation_rule(layout, m)
+    if rule == 0:
+        return
     pp = layout.pp
-    if layout.schedule == "dualpipe" and (m % 2 or m < 2 * pp):
+    if rule == 1:
         raise ConfigError(
             "grad_accum",
             f"DualPipe needs an even number of micro-batches >= 2*pp = {2 * pp} per "
             f"data-parallel rank, not {m} (deepseek-ai/DualPipe asserts num_chunks >= 2*num_ranks)",
             "raise --global-batch-size or lower --micro-batch",
         )
-    if layout.schedule == "interleaved":
-        group = layout.vpp_group or pp
-        if group < pp or group > m:
-            raise ConfigError(
-                "grad_accum",
-                f"interleaving runs {group} micro-batches per virtual stage at a time, which "
-                f"needs pp={pp} <= {group} <= m={m} (Megatron-core raises ValueError)",
-                "raise --global-batch-size, lower --micro-batch or set vpp_group",
-            )
-        if 0 < m % group < pp:
-            raise ConfigError(
-                "grad_accum",
-                f"m={m} leaves a last group of {m % group} < pp={pp} micro-batches "
-                "(Megatron-core raises RuntimeError)",
-                f"use a multiple of {group} micro-batches",
-            )
+    group = layout.vpp_group or pp
+    if rule == 2:
+        raise ConfigError(
+            "grad_accum",
+            f"interleaving runs {group} micro-batches per virtual stage at a time, which "
+            f"needs pp={pp} <= {group} <= m={m} (Megatron-core raises ValueError)",
+            "raise --global-batch-size, lower --micro-batch or set vpp_group",
+        )
+    raise ConfigError(
+        "grad_accum",
+        f"m={m} leaves a last group of {m % group} < pp={pp} micro-batches "
+        "(Megatron-core raises RuntimeError)",
+        f"use a multiple of {group} micro-batches",
+    )
 
 
 def held_counts(layout: Layout, rank: int, stages: tuple[int, ...], m: int) -> tuple[int, ...]:

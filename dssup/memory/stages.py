@@ -13,9 +13,9 @@ With interleaving there are pp*vpp (virtual) stages; ``placement`` says which a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from dssup.memory.config import Convention, Layout
+from dssup.memory.memo import ModelMemo
 from dssup.memory.params import (
     Split,
     attention_params,
@@ -91,8 +91,16 @@ class StageParams:
     largest_tensor: int = 0  # elements of the largest parameter tensor (forloop Adam)
 
 
+_LAYERS = ModelMemo(1024)
+_STAGES = ModelMemo(8192)
+_PREFIX = ModelMemo(64)
+
+
 def _layer(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -> Split:
-    return _layer_cached(m, layout.tp, layout.ep, layout.etp, conv, is_moe)
+    key = (layout.tp, layout.ep, layout.etp, conv, is_moe)
+    return _LAYERS.get(
+        m, key, lambda: _layer_cached(m, layout.tp, layout.ep, layout.etp, conv, is_moe)
+    )
 
 
 def layer_params(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -> int:
@@ -100,7 +108,6 @@ def layer_params(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -
     return _layer(m, layout, conv, is_moe).total
 
 
-@lru_cache(maxsize=256)
 def _layer_cached(
     m: ModelSpec, tp: int, ep: int, etp: int, conv: Convention, is_moe: bool
 ) -> Split:
@@ -113,11 +120,10 @@ def _layer_cached(
 
 def moe_layers_in(m: ModelSpec, layers: range) -> int:
     """MoE layers among ``layers`` (prefix sums, cached per model)."""
-    prefix = _moe_prefix(m)
+    prefix = _PREFIX.get(m, None, lambda: _moe_prefix(m))
     return prefix[layers.stop] - prefix[layers.start] if len(layers) else 0
 
 
-@lru_cache(maxsize=64)
 def _moe_prefix(m: ModelSpec) -> tuple[int, ...]:
     out = [0]
     for i in range(m.layers):
@@ -138,8 +144,7 @@ def stage_params(
     training code builds the model's MTP modules (megatron convention only); ``pad``: whether
     it pads the vocabulary (Megatron does)."""
     moe = moe_layers_in(m, layers)
-    return _stage_params(
-        m,
+    key = (
         layout.tp,
         layout.ep,
         layout.etp,
@@ -151,9 +156,9 @@ def stage_params(
         mtp,
         pad,
     )
+    return _STAGES.get(m, key, lambda: _stage_params(m, *key))
 
 
-@lru_cache(maxsize=4096)
 def _stage_params(
     m: ModelSpec,
     tp: int,

@@ -25,7 +25,7 @@ from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology, default_topology
 from dssup.memory.validate import validate
 
-__all__ = ["fold_layout", "recompute_spec", "step_time"]
+__all__ = ["fold_layout", "recompute_spec", "step_time", "stored_per_sequence"]
 
 
 def fold_layout(
@@ -43,10 +43,8 @@ def fold_layout(
     """``layout_cost`` from the memory model's prepared devices: the largest device's
     parameters (DualPipe: both of its stages) and the most activation bytes a sequence stores
     on one device (its VPP chunks together; DualPipe: each sequence passes one of its two)."""
-    biggest = max(devices, key=lambda d: d.split.total)
-    split = biggest.split
-    share = 2 if layout.schedule == "dualpipe" and layout.pp > 1 else 1
-    acts = max(sum(st.acts["none"] for st in d.stages) // share for d in devices)
+    split = max(devices, key=lambda d: d.split.total).split
+    acts = stored_per_sequence(layout, devices)
     return layout_cost(
         cm,
         topo,
@@ -61,6 +59,13 @@ def fold_layout(
         recompute,
         framework,
     )
+
+
+def stored_per_sequence(layout: Layout, devices: Sequence[PreparedDevice]) -> int:
+    """The most activation bytes one sequence stores on a device without recompute (its VPP
+    chunks together; DualPipe: each sequence passes one of its two stages)."""
+    share = 2 if layout.schedule == "dualpipe" and layout.pp > 1 else 1
+    return max(sum(st.acts["none"] for st in d.stages) // share for d in devices)
 
 
 def recompute_spec(r: Resolved) -> RecomputeSpec:

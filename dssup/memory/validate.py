@@ -6,6 +6,8 @@ divides the experts depends on the pair, so it lives here and runs before every 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from dssup.errors import ConfigError
 from dssup.memory.config import Layout, Training, check_schedule
 from dssup.memory.defaults import Resolved
@@ -16,9 +18,16 @@ __all__ = ["check_split", "divisors", "validate"]
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
-    """Positive divisors of ``n`` (up to ``limit``), ascending."""
-    out = [d for d in range(1, (limit or n) + 1) if n % d == 0]
-    return out
+    """Positive divisors of ``n`` (up to ``limit``), ascending (a fresh list)."""
+    every = _divisors(n)
+    if limit is None or limit >= n:
+        return list(every)
+    return [d for d in every if d <= limit]
+
+
+@lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def _suggest(n: int, limit: int = 64) -> str:

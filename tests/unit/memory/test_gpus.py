@@ -17,12 +17,15 @@ from dssup.admission.gpus import resolve_gpu
 from dssup.errors import ConfigError
 from dssup.memory.gpu_spec import GpuSpec, ReferenceSystem
 from dssup.memory.gpus import (
+    DRIVER_RESERVE,
     GPU_TABLE,
     find_gpu,
     gpu_for_product,
     mig_memory_mib,
     parse_bytes,
     parse_size,
+    usable_memory,
+    usable_memory_note,
 )
 
 MiB = 1 << 20
@@ -83,7 +86,25 @@ def test_every_product_label_resolves_to_its_row() -> None:
 def test_memory_is_the_driver_figure(product: str, mib: int) -> None:
     spec = gpu_for_product(product)
     assert spec is not None and spec.memory_mib == mib
-    assert parse_size(product, "--gpu-memory") == mib * MiB
+    # a GPU name reads as what CUDA can allocate: the driver total less its reservation
+    usable = parse_size(product, "--gpu-memory")
+    assert usable == usable_memory(spec) < mib * MiB
+    assert usable >= mib * MiB * (1 - DRIVER_RESERVE) - 1
+
+
+def test_usable_memory_is_totalglobalmem_where_captured() -> None:
+    """H100: deviceQuery 85,045,477,376 B = nvidia-smi -q Total 81,559 - Reserved 454 MiB
+    (thamada/nvidia-smi 03fbe6e); H800: DeepSeek's trace (deepseek-ai/profile-data)."""
+    h100, h800 = find_gpu("h100"), find_gpu("h800")
+    assert h100 is not None and h800 is not None
+    assert usable_memory(h100) == 85_045_477_376  # deviceQuery: "81106 MBytes (85045477376 bytes)"
+    assert round(usable_memory(h100) / MiB) == 81106  # nvidia-smi -q: Free 81106 MiB
+    assert usable_memory(h800) == 84_943_110_144
+    # the largest share any captured GPU keeps from CUDA is the estimate for the others
+    assert max(1 - usable_memory(g) / g.memory_bytes for g in (h100, h800)) == DRIVER_RESERVE
+    h200 = find_gpu("h200")
+    assert h200 is not None and h200.cuda_memory_bytes is None
+    assert "estimated" in usable_memory_note(h200) and "totalGlobalMem" in usable_memory_note(h800)
 
 
 def test_the_issue_list_is_covered_and_every_row_names_its_sources() -> None:
@@ -152,10 +173,15 @@ def test_mig_rule_never_exceeds_the_slices_nvidia_smi_lists() -> None:
 
 
 def test_cli_admission_and_planner_read_the_same_figure() -> None:
+    """One row: the webhook reads the driver total (what GFD labels carry, less its own
+    ``--reserve``), the CLI and the planner what CUDA can allocate of it (``usable_memory``)."""
     product = "NVIDIA-H100-80GB-HBM3"
-    table = gpu_for_product(product).memory_mib * MiB  # type: ignore[union-attr]
+    spec = gpu_for_product(product)
+    assert spec is not None
     webhook = resolve_gpu((product,), InMemoryCache(), 0)
-    assert webhook is not None and webhook.source == "table" and webhook.total_bytes == table
+    assert webhook is not None and webhook.source == "table"
+    assert webhook.total_bytes == spec.memory_mib * MiB
+    table = usable_memory(spec)
     est = subprocess.run(
         [*DSSUP, "estimate", "--model", "llama-3-8b", "--gpu-memory", "h100", "--json"],
         capture_output=True, text=True, check=False, timeout=120,

@@ -1,11 +1,14 @@
 """The step-time validation table (docs/step-time.md) against published recipes.
 
-For every recipe in tests/fixtures/step_time/recipes.json the planner predicts whether the
-published layout fits, its tokens/s/GPU and its rank among the fitting configs of
-``plan --search-parallelism`` for the same GPUs and global batch. The acceptance bounds
-(fits; top 5 or within 10 % of the best step time; within +-30 % of the published figure) are
-asserted for the recipes that meet them today; the others are asserted to fail for the reason
-docs/step-time.md gives, so that a change in either direction updates the table.
+For every recipe in tests/fixtures/step_time/recipes.json, with ``plan``'s default options --
+no margin, the GPU's CUDA-usable memory, no framework and no layer split given (the planner
+searches both; issue 22) -- the planner predicts whether the published layout fits, its rank
+among the fitting configs of the default parallelism search for the same GPUs and global
+batch, and the tokens/s/GPU of the published config as it ran (its own split and framework).
+The acceptance bounds (fits; top 5 or within 10 % of the best step time; within +-30 % of the
+published figure) are asserted for the recipes that meet them today; the others are asserted
+to fail for the reason docs/step-time.md gives, so that a change in either direction updates
+the table. One test per recipe (``test_recipe``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dssup.memory.cost import CostModel
-from dssup.memory.recipes import RecipeResult, evaluate_recipe, load_recipes
+from dssup.memory.recipes import RecipeResult, evaluate_recipe, load_recipes, recipe_request
 from dssup.modelio import load_model
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures/step_time/recipes.json"
@@ -77,7 +80,20 @@ def test_held_out_recipes_are_as_close_as_the_fitted_ones() -> None:
 
 
 def test_deepseek_v3_on_h800_ranks_its_published_layout_in_the_top_5() -> None:
-    """Issue 16's own point: DeepSeek-V3 on 2048 H800 (TP1, PP16 DualPipe, EP64, ZeRO-1) is in
-    the top 5 of the parallelism search (at margin 0: it uses 78.0 of the H800's 79.6 GiB)."""
+    """Issues 16 and 22: DeepSeek-V3 on 2048 H800 (TP1, PP16 DualPipe, EP64, ZeRO-1) is in the
+    top 5 of the default search, with no margin, split or framework given: the planner runs it
+    under DeepSeek's framework with a split of its own (78.0 of the 79.11 GiB CUDA can
+    allocate)."""
     r = _results()["deepseek-v3-2048xh800-fp8"]
     assert r.fits and r.rank is not None and r.rank <= 5, r
+    assert r.framework == "deepseek" and r.split != "even", r
+
+
+def test_the_planner_gets_no_layout_aid() -> None:
+    """What the fixture records about the published framework and split is not handed to the
+    planner: the default-options request has neither."""
+    recipes, models = load_recipes(json.loads(FIXTURE.read_text()), load_model)
+    for r in recipes:
+        req = recipe_request(r, models[r.model], CostModel(), 80 << 30, False, 1)
+        assert req.training.framework is None and req.layout.layers_per_stage is None
+        assert req.margin == 0.0 and req.search_splits and req.frameworks

@@ -1,0 +1,91 @@
+"""The bounded planner sweep (``bound.py``): its first rows are the exhaustive sweep's, and its
+lower bound is below the step time of every config the planner ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from dssup.memory import Layout, PlanRequest, Precision, Training, plan, preset
+from dssup.memory.bound import Kept, bound_fold, lower_bound
+from dssup.memory.config import Overheads
+from dssup.memory.cost import CostModel
+from dssup.memory.defaults import resolve
+from dssup.memory.gpus import find_gpu, usable_memory
+from dssup.memory.topology import topology_for
+
+
+def _request(model: str, gpus: int, batch: int, gpu: str, **kw: object) -> PlanRequest:
+    spec = find_gpu(gpu)
+    assert spec is not None
+    return PlanRequest(
+        model=preset(model),
+        gpu_memory_bytes=usable_memory(spec),
+        global_batch=batch,
+        world_size=gpus,
+        training=Training(seq_len=4096, precision=kw.pop("precision", None)),  # type: ignore[arg-type]
+        search_parallelism=True,
+        search_splits=True,
+        topology=topology_for(spec)[0],
+        allow_offload=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _rows(res: object) -> list[tuple[object, ...]]:
+    return [
+        (c.training.framework, c.layout, c.training, c.step_time_s, c.peak_bytes)
+        for c in res.candidates  # type: ignore[attr-defined]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "batch", "gpu", "extra"),
+    [
+        ("mixtral-8x7b", 64, 256, "h100", {}),
+        ("llama-3-70b", 64, 512, "h100", {"limit": 25}),
+        (
+            "deepseek-v3",
+            256,
+            2048,
+            "h800",
+            {
+                "frameworks": ("megatron", "deepseek"),
+                "precision": Precision(moments=2, cache_fp8=True),
+                "cost": CostModel(compute_dtype="fp8"),
+            },
+        ),
+    ],
+)
+def test_bounded_rows_are_the_exhaustive_rows(
+    model: str, gpus: int, batch: int, gpu: str, extra: dict[str, object]
+) -> None:
+    req = _request(model, gpus, batch, gpu, **dict(extra))
+    full = plan(req)
+    fast = plan(req.model_copy(update={"bound": True}))
+    assert _rows(fast) == _rows(full) and fast.candidates
+    assert fast.layouts_skipped > 0 and full.layouts_skipped == 0
+    assert fast.layouts_swept < full.layouts_swept and fast.evaluated < full.evaluated
+
+
+def test_the_bound_is_below_every_config_of_its_layout() -> None:
+    req = _request("mixtral-8x7b", 64, 256, "h100", limit=100_000)
+    res = plan(req)
+    r = resolve("megatron", req.training, Overheads())
+    by_layout: dict[Layout, float] = {}
+    for c in res.candidates:
+        lay = c.layout
+        if lay not in by_layout:
+            rows = req.global_batch // lay.dp
+            fold = bound_fold(req.cost, res.topology, req.model, lay, 4096, "megatron", r, 1.0)
+            micro = [b for b in range(1, rows + 1) if rows % b == 0]
+            by_layout[lay] = lower_bound(fold, req.cost, micro, rows)
+        assert by_layout[lay] <= c.step_time_s * (1 + 1e-12), (lay, c.step_time_s)
+    assert len(by_layout) > 20
+
+
+def test_kept_holds_the_fastest_and_says_when_a_bound_cannot_enter() -> None:
+    kept: Kept[str] = Kept(2)
+    assert kept.threshold == float("inf")
+    for seconds, name in ((3.0, "c"), (1.0, "a"), (2.0, "b"), (2.0, "b2"), (0.5, "z")):
+        kept.offer(seconds, name)
+    assert [x[2] for x in kept.ranked()] == ["z", "a"] and kept.threshold == 1.0
