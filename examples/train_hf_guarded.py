@@ -76,7 +76,7 @@ class CapAt(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
         if self.job.cap_at and self.mine and model is not None:
-            self.device.fill_at_output(model.get_output_embeddings())
+            self.device.watch(model, model.get_output_embeddings())
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         if not self.mine or state.global_step != self.job.cap_from_step:
@@ -84,7 +84,7 @@ class CapAt(TrainerCallback):
         if self.job.cap_mib:
             memory_cap(self.job.cap_mib << 20)
         elif self.job.cap_at:
-            self.device.start()
+            self.device.begin()
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import resource
 import sys
@@ -21,6 +22,7 @@ from dssup.runtime.report import report_completed
 
 __all__ = [
     "clean_exit",
+    "free_heap_bytes",
     "mark_done",
     "memory_cap",
     "status_bytes",
@@ -48,10 +50,31 @@ def vm_size_bytes() -> int:
     return status_bytes("VmSize")
 
 
-def trimmed_size_bytes() -> int:
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+def free_heap_bytes() -> int:
+    """Bytes glibc keeps mapped but free in its heaps (``mallinfo2().fordblks``, every arena):
+    address space a later allocation reuses without growing the process. 0 where the C library
+    has no ``mallinfo2`` (glibc before 2.33, musl): nothing is then subtracted."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    info = getattr(libc, "mallinfo2", None)
+    if info is None:
+        return 0
+    info.restype = _MallInfo2
+    return int(info().fordblks)
+
+
+def trimmed_size_bytes(collect: bool = True) -> int:
     """This process's virtual size once glibc maps large blocks on their own and has given the
-    free top of its heap back: the size a cap is measured from (freed heap must not count as
-    live, or the cap is looser than it says)."""
+    free top of its heap back (and, with ``collect``, Python's garbage is collected): the size
+    a cap is measured from (freed heap and garbage must not count as live, or the cap is
+    looser than it says)."""
+    if collect:
+        gc.collect()
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES)
@@ -59,13 +82,14 @@ def trimmed_size_bytes() -> int:
     return vm_size_bytes()
 
 
-def memory_cap(budget_bytes: int) -> int:
+def memory_cap(budget_bytes: int, collect: bool = True) -> int:
     """Limit this process's address space to its current size plus ``budget_bytes``.
 
     Returns the limit set. Linux only. Call it after start-up (imports, process group, model)
-    so the budget measures what training itself allocates.
+    so the budget measures what training itself allocates. ``collect=False`` leaves Python's
+    garbage alone (a cap placed in the middle of a step counts what the step holds now).
     """
-    limit = trimmed_size_bytes() + budget_bytes
+    limit = trimmed_size_bytes(collect) + budget_bytes
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     return limit

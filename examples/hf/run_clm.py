@@ -105,7 +105,7 @@ class MemoryCap(TrainerCallback):
             from dssup.runtime.standin import DeviceStandIn
 
             self.device = DeviceStandIn(os.environ.get("RUN_CLM_MEMORY_CAP_FILE"))
-            self.device.fill_at_output(model.get_output_embeddings())
+            self.device.watch(model, model.get_output_embeddings())
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         if self.done or not self.capped or state.global_step < self.from_step:
@@ -116,7 +116,7 @@ class MemoryCap(TrainerCallback):
 
             memory_cap(self.budget_mib << 20)
         elif self.device is not None:
-            self.device.start()  # a budget kept by an earlier attempt, or found at the logits
+            self.device.begin()  # a budget kept by an earlier attempt, or found at the logits
 
 
 def main() -> None:
