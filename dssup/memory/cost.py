@@ -44,11 +44,16 @@ __all__ = [
     "TP_OVERLAP",
     "CostModel",
     "LayoutCost",
+    "Pace",
     "RcPart",
     "RecomputeSpec",
     "bubble",
+    "fold",
     "layout_cost",
+    "level",
+    "pace",
     "tp_overlap",
+    "weight_reads",
     "with_memory_bound",
 ]
 
@@ -216,6 +221,105 @@ class LayoutCost(NamedTuple):
     lk: Links
 
 
+class Pace(NamedTuple):
+    """What every recompute level's fold reads of one layout: the device that sets the pace,
+    its traffic, the links and the rates (``pace``)."""
+
+    w: DeviceWork
+    comm: SeqComm
+    lk: Links
+    fp8: bool
+    gemm_rate: float
+    core_rate: float
+    moe: float  # MoE token handling seconds per sequence
+    dual: bool  # DualPipe with PP > 1
+    hide: tuple[float, float, float, float]  # hidden share of TP, EP, CP, PP traffic
+    sm: float
+    modules: frozenset[str]
+    full: float  # share of the layers full recompute re-runs
+    g0: float  # GEMM seconds per sequence without recompute
+    c0: float  # attention-core seconds per sequence without recompute
+
+
+def pace(
+    cm: CostModel,
+    topo: Topology,
+    m: ModelSpec,
+    layout: Layout,
+    seq: int,
+    precision: Precision,
+    imbalance: float = 1.0,
+    recompute: RecomputeSpec = DEFAULT_RECOMPUTE,
+    framework: str = "megatron",
+) -> Pace:
+    """The slowest device of ``layout`` and what its fold reads. The slowest device sets the
+    pace: the one with the most compute, MoE token handling and layer traffic (an even split
+    that leaves the last stage one layer and the head can make the head's stage lighter than
+    the others)."""
+    works = device_work(m, layout, seq, imbalance)
+    lk = links(topo, layout, cm.nvlink_efficiency, cm.nic_efficiency)
+    fp8 = cm.compute_dtype == "fp8" and topo.fp8_flops is not None
+    gemm_rate = topo.bf16_flops * cm.gemm_efficiency
+    if fp8 and topo.fp8_flops is not None:
+        gemm_rate = topo.fp8_flops * cm.fp8_gemm_efficiency
+    core_rate = topo.bf16_flops * cm.attention_efficiency
+    dedup = _dedup(m, lk) if cm.ep_dispatch == "dedup" else 1.0
+    act = precision.activations if precision.activations < 4 else 2
+    slot_s = m.hidden * cm.moe_slot_seconds
+    rates = (gemm_rate, core_rate, slot_s)
+    w, comm = _slowest(m, layout, works, seq, lk, (act, 1 if fp8 else act, dedup), rates)
+    modules, method, n_layers = recompute
+    chunks = layout.vpp if layout.schedule == "interleaved" else 1
+    per_chunk = w.layers / chunks if w.layers else 1.0
+    full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
+    g_none, c_none = w.fwd_bwd("none")
+    return Pace(
+        w=w,
+        comm=comm,
+        lk=lk,
+        fp8=fp8,
+        gemm_rate=gemm_rate,
+        core_rate=core_rate,
+        moe=w.slots * slot_s,
+        dual=layout.schedule == "dualpipe" and layout.pp > 1,
+        hide=(tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap),
+        sm=cm.comm_sm_fraction,
+        modules=modules,
+        full=full,
+        g0=g_none / gemm_rate,
+        c0=c_none / core_rate,
+    )
+
+
+def level(cm: CostModel, p: Pace, rc: Recompute) -> RcRaw:
+    """One recompute level's seconds per sequence on the slowest device, before the
+    memory-bound kernels join them."""
+    g, c = p.w.fwd_bwd(rc, p.modules, p.full)
+    gemm, core = g / p.gemm_rate, c / p.core_rate
+    comm, sm = p.comm, p.sm
+    traffic = (comm.tp[rc], comm.ep[rc], comm.cp[rc], comm.pp)
+    shown = [(t, h) for t, h in zip(traffic, p.hide, strict=True)]
+    overlapped = 0.0  # traffic that rides another micro-batch's compute
+    if p.dual:  # DualPipe: EP and PP ride its overlapped forward/backward chunks
+        shown[1], shown[3] = (0.0, 0.0), (0.0, 0.0)
+        overlapped = traffic[1] + traffic[3]
+    elif cm.ep_overlap:  # the all-to-all of one micro-batch behind another's compute
+        shown[1] = (0.0, 0.0)
+        overlapped = traffic[1]
+    exposed = sum(t * (1 - h) + sm * t * h for t, h in shown)
+    extra = max(0.0, gemm + core - p.g0 - p.c0)
+    return RcRaw(gemm, core, exposed, overlapped, extra, traffic)
+
+
+def weight_reads(p: Pace, params: int, precision: Precision, topo: Topology) -> float:
+    """Seconds per micro-batch reading the device's ``params`` weights forward, for dgrad and
+    for wgrad. A micro-batch crosses one of the two stages a DualPipe device holds: it reads
+    half the device's weights (the work in ``device_work`` is the mean of the two stages
+    likewise)."""
+    read = params / 2 if p.dual else params
+    return 3 * read * (1 if p.fp8 else precision.weights) / topo.hbm_bytes_per_s
+
+
 def layout_cost(
     cm: CostModel,
     topo: Topology,
@@ -231,66 +335,40 @@ def layout_cost(
     framework: str = "megatron",
 ) -> LayoutCost:
     """Fold everything that depends only on the layout (``act_bytes_per_seq``: the stored
-    activations of the largest device at b = 1, from the memory model). The slowest device sets
-    the pace: the one with the most compute, MoE token handling and layer traffic (an even
-    split that leaves the last stage one layer and the head can make the head's stage lighter
-    than the others)."""
-    works = device_work(m, layout, seq, imbalance)
-    lk = links(topo, layout, cm.nvlink_efficiency, cm.nic_efficiency)
-    fp8 = cm.compute_dtype == "fp8" and topo.fp8_flops is not None
-    gemm_rate = topo.bf16_flops * cm.gemm_efficiency
-    if fp8 and topo.fp8_flops is not None:
-        gemm_rate = topo.fp8_flops * cm.fp8_gemm_efficiency
-    core_rate = topo.bf16_flops * cm.attention_efficiency
-    dedup = _dedup(m, lk) if cm.ep_dispatch == "dedup" else 1.0
-    act = precision.activations if precision.activations < 4 else 2
-    slot_s = m.hidden * cm.moe_slot_seconds
-    rates = (gemm_rate, core_rate, slot_s)
-    w, comm = _slowest(m, layout, works, seq, lk, (act, 1 if fp8 else act, dedup), rates)
-    moe = w.slots * slot_s
-    dual = layout.schedule == "dualpipe" and layout.pp > 1
-    sm = cm.comm_sm_fraction
-    hide = (tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap)
-    modules, method, n_layers = recompute
-    chunks = layout.vpp if layout.schedule == "interleaved" else 1
-    per_chunk = w.layers / chunks if w.layers else 1.0
-    full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
-    g_none, c_none = w.fwd_bwd("none")
-    g0, c0 = g_none / gemm_rate, c_none / core_rate
-    raw: dict[Recompute, RcRaw] = {}
-    for rc in RECOMPUTE_LEVELS:
-        g, c = w.fwd_bwd(rc, modules, full)
-        gemm, core = g / gemm_rate, c / core_rate
-        traffic = (comm.tp[rc], comm.ep[rc], comm.cp[rc], comm.pp)
-        shown = [(t, h) for t, h in zip(traffic, hide, strict=True)]
-        overlapped = 0.0  # traffic that rides another micro-batch's compute
-        if dual:  # DualPipe: EP and PP ride its overlapped forward/backward chunks
-            shown[1], shown[3] = (0.0, 0.0), (0.0, 0.0)
-            overlapped = traffic[1] + traffic[3]
-        elif cm.ep_overlap:  # the all-to-all of one micro-batch behind another's compute
-            shown[1] = (0.0, 0.0)
-            overlapped = traffic[1]
-        exposed = sum(t * (1 - h) + sm * t * h for t, h in shown)
-        extra = max(0.0, gemm + core - g0 - c0)
-        raw[rc] = RcRaw(gemm, core, exposed, overlapped, extra, traffic)
+    activations of the largest device at b = 1, from the memory model) on the device that
+    sets the pace (``pace``)."""
+    p = pace(cm, topo, m, layout, seq, precision, imbalance, recompute, framework)
+    return fold(cm, topo, layout, p, act_bytes_per_seq, dense_params, expert_params, precision)
+
+
+def fold(
+    cm: CostModel,
+    topo: Topology,
+    layout: Layout,
+    p: Pace,
+    act_bytes_per_seq: int,
+    dense_params: int,
+    expert_params: int,
+    precision: Precision,
+) -> LayoutCost:
+    """``layout_cost`` from the layout's ``pace`` (the planner's lower bound has it already)."""
+    raw = {rc: level(cm, p, rc) for rc in RECOMPUTE_LEVELS}
     gb, wb = precision.gradients, precision.weights
     zero_parts = {}
+    lk = p.lk
     bw_d, bw_e = lk.dp.bytes_per_s, lk.edp.bytes_per_s
     for z in (0, 1, 2, 3):
         dense = dp_bytes(layout.dp * layout.cp, dense_params, z, gb, wb)
         expert = dp_bytes(layout.edp, expert_params, z, gb, wb)
-        g, p, gm, pm = (d / bw_d + e / bw_e for d, e in zip(dense, expert, strict=True))
-        zero_parts[z] = (g, p, gm, pm)
+        g, pr, gm, pm = (d / bw_d + e / bw_e for d, e in zip(dense, expert, strict=True))
+        zero_parts[z] = (g, pr, gm, pm)
     params = dense_params + expert_params
-    # A micro-batch crosses one of the two stages a DualPipe device holds: it reads half the
-    # device's weights (the work in ``device_work`` is the mean of the two stages likewise).
-    read = params / 2 if dual else params
     folded = LayoutCost(
         rc={},
         raw=raw,
-        none=(g0, c0, moe),
+        none=(p.g0, p.c0, p.moe),
         zero=zero_parts,
-        weight_reads=3 * read * (1 if fp8 else wb) / topo.hbm_bytes_per_s,
+        weight_reads=weight_reads(p, params, precision, topo),
         bubble=bubble(layout),
         params=params,
         hbm=topo.hbm_bytes_per_s,
@@ -335,7 +413,11 @@ def _slowest(
     gemm_rate, core_rate, slot_s = rates
     seen: dict[tuple[float, float, float], SeqComm] = {}
     best: tuple[float, DeviceWork, SeqComm] | None = None
+    done: set[int] = set()  # stages of one make-up are one object (``flops.device_work``)
     for x in works:
+        if id(x) in done:  # the same object: the same pace, never a later maximum
+            continue
+        done.add(id(x))
         key = (x.layers, x.moe_layers, x.slots)
         c = seen.get(key)
         if c is None:

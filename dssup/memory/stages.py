@@ -31,6 +31,7 @@ from dssup.memory.spec import ModelSpec
 
 __all__ = [
     "StageParams",
+    "kind_params",
     "layer_params",
     "padded_vocab",
     "partition",
@@ -144,18 +145,29 @@ def stage_params(
     training code builds the model's MTP modules (megatron convention only); ``pad``: whether
     it pads the vocabulary (Megatron does)."""
     moe = moe_layers_in(m, layers)
-    key = (
-        layout.tp,
-        layout.ep,
-        layout.etp,
-        conv,
-        moe,
-        len(layers) - moe,
-        stage == 0,
-        stage == layout.stages - 1,
-        mtp,
-        pad,
+    first, last = stage == 0, stage == layout.stages - 1
+    lay = layout
+    return kind_params(
+        m, lay.tp, lay.ep, lay.etp, conv, moe, len(layers) - moe, first, last, mtp, pad
     )
+
+
+def kind_params(
+    m: ModelSpec,
+    tp: int,
+    ep: int,
+    etp: int,
+    conv: Convention,
+    moe_layers: int,
+    dense_layers: int,
+    first: bool,
+    last: bool,
+    mtp: bool = True,
+    pad: bool = True,
+) -> StageParams:
+    """``stage_params`` of a stage given by what it holds: ``moe_layers`` and ``dense_layers``
+    layers, the first and/or last stage's embedding and head (cached)."""
+    key = (tp, ep, etp, conv, moe_layers, dense_layers, first, last, mtp, pad)
     return _STAGES.get(m, key, lambda: _stage_params(m, *key))
 
 

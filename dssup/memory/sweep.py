@@ -64,6 +64,9 @@ def _shape_grows(
         if prev is not None:
             b1, low = prev
             b2, high = cur
+            if low == high:  # the same states (``schedule.steady_m``): each covers itself
+                prev = cur
+                continue
             for s in low:
                 if not any(all(b1 * x <= b2 * y for x, y in zip(s, t, strict=True)) for t in high):
                     return False

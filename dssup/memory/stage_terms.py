@@ -1,0 +1,211 @@
+"""A stage's kept activation terms, their bytes and its backward working set per recompute level.
+
+Why a module of its own, and why per layer kind: every layer of a kind (MoE or dense) keeps the
+same terms under one context, so a stage's terms are each kind's terms -- filtered and summed by
+name once per context (``_LayerKind``) -- times how many layers of it the stage holds, plus the
+stage's own input/output terms. The planner meets a few hundred stage kinds in one search and
+reads only their bytes (integers: the same totals summed either way), so the named ``Term``
+tuples that ``estimate`` reports are built when first asked for (``StageTerms``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+
+from dssup.memory.activations import FULL_KEEP, Ctx, Term, keep, layer_terms, stage_io_terms
+from dssup.memory.backward import layer_temporaries, loss_backward, recomputed_unit
+from dssup.memory.config import RECOMPUTE_LEVELS, Recompute
+from dssup.memory.profile import eager_terms
+from dssup.memory.stages import StageParams
+from dssup.memory.traced import TracedProfile
+from dssup.memory.traced_stage import stored_terms
+
+__all__ = ["StageTerms", "layer_work", "stage_terms"]
+
+_Summed = tuple[tuple[tuple[str, str], int], ...]  # ((name, group), bytes) in first-seen order
+_Levels = dict[Recompute, int]
+
+
+class StageTerms(Mapping[Recompute, tuple[Term, ...]]):
+    """Kept terms by recompute level, each level summed by name when first read: the summed
+    terms of every layer kind (times its layer count), then the stage's own terms."""
+
+    __slots__ = ("_made", "_parts")
+
+    def __init__(
+        self,
+        parts: dict[Recompute, tuple[list[tuple[_Summed, int]], list[Term]]],
+        made: dict[Recompute, tuple[Term, ...]],
+    ) -> None:
+        self._parts = parts
+        self._made = made
+
+    def __getitem__(self, rc: Recompute) -> tuple[Term, ...]:
+        found = self._made.get(rc)
+        if found is None:
+            kinds, rest = self._parts[rc]  # KeyError for a level the stage has no terms of
+            found = self._made[rc] = _sum_counted(kinds, rest)
+        return found
+
+    def __iter__(self) -> Iterator[Recompute]:
+        return (rc for rc in RECOMPUTE_LEVELS if rc in self._parts or rc in self._made)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@lru_cache(maxsize=4096)
+def stage_terms(
+    c: Ctx, sp: StageParams, kinds: tuple[bool, ...]
+) -> tuple[Mapping[Recompute, tuple[Term, ...]], _Levels, _Levels]:
+    """Kept terms, kept bytes and the backward working set of a stage per recompute level
+    (cached by what the stage holds: stages at other places share them). Callers must not
+    mutate the returned dicts."""
+    if c.profile is not None:
+        terms = _eager_profile_terms(c, sp)
+        zero = dict.fromkeys(RECOMPUTE_LEVELS, 0)
+        return terms, {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}, zero
+    per = {moe: _layer_kind(c, moe) for moe in set(kinds)}
+    io_kept, freed = _io(c, sp.first, sp.last, sp.mtp)
+    counts = [(per[moe], n) for moe in (True, False) if (n := kinds.count(moe))]
+    every = _every_layer_checkpointed(c)
+    parts: dict[Recompute, tuple[list[tuple[_Summed, int]], list[Term]]] = {}
+    made: dict[Recompute, tuple[Term, ...]] = {}
+    acts: _Levels = {}
+    for rc in RECOMPUTE_LEVELS:
+        if rc == "full" and not every:
+            full = _kept_full(c, kinds, {moe: k.terms for moe, k in per.items()})
+            made[rc] = _sum(full + io_kept[rc])
+            acts[rc] = sum(t.bytes for t in made[rc])
+            continue
+        # every layer of a kind keeps the same terms: sum one, count it (as _every + _sum)
+        parts[rc] = ([(k.kept[rc], n) for k, n in counts], io_kept[rc])
+        acts[rc] = sum(k.bytes[rc] * n for k, n in counts) + sum(t.bytes for t in io_kept[rc])
+    loss = loss_backward(c) if (sp.last or sp.mtp) else 0
+    work = {
+        rc: max([loss] + [k.work(c, rc, kinds) - freed for k in per.values()])
+        for rc in RECOMPUTE_LEVELS
+    }
+    return StageTerms(parts, made), acts, work
+
+
+@lru_cache(maxsize=1024)
+def _io(c: Ctx, first: bool, last: bool, mtp: bool) -> tuple[dict[Recompute, list[Term]], int]:
+    """A stage's own terms (token ids; final norm, loss, MTP) that each level keeps, and the
+    bytes a layer's backward finds freed: the loss's backward runs first, so its kept tensors
+    are gone by then."""
+    mtp_terms = _layer_kind(c, c.m.moe is not None).terms if mtp else []
+    io = stage_io_terms(c, first, last, mtp_terms)
+    kept = {rc: [t for t in io if keep(t.group, rc, c)] for rc in RECOMPUTE_LEVELS}
+    freed = sum(t.bytes for t in io if t.name.startswith(("head.", "loss."))) if last else 0
+    return kept, freed
+
+
+class _LayerKind:
+    """One layer kind's terms under a context, summed by name per recompute level (under
+    ``full``: what checkpointing every layer keeps), their bytes, and its backward working
+    sets."""
+
+    __slots__ = ("bytes", "kept", "moe", "terms", "works")
+
+    def __init__(self, c: Ctx, moe: bool) -> None:
+        self.moe = moe
+        self.terms = layer_terms(c, moe)
+        self.kept: dict[Recompute, _Summed] = {}
+        for rc in RECOMPUTE_LEVELS:
+            sums: dict[tuple[str, str], int] = {}
+            for t in self.terms:
+                if (t.group in FULL_KEEP) if rc == "full" else keep(t.group, rc, c):
+                    sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
+            self.kept[rc] = tuple(sums.items())
+        self.bytes = {rc: sum(b for _, b in kept) for rc, kept in self.kept.items()}
+        self.works: dict[tuple[Recompute, int], int] = {}
+
+    def work(self, c: Ctx, rc: Recompute, kinds: tuple[bool, ...]) -> int:
+        """``layer_work`` of this kind in a stage of ``kinds`` (it reads only their count)."""
+        key = (rc, len(kinds))
+        found = self.works.get(key)
+        if found is None:
+            found = self.works[key] = layer_work(c, self.terms, self.moe, rc, kinds)
+        return found
+
+
+@lru_cache(maxsize=1024)
+def _layer_kind(c: Ctx, moe: bool) -> _LayerKind:
+    return _LayerKind(c, moe)
+
+
+def _every_layer_checkpointed(c: Ctx) -> bool:
+    """Whether full recompute checkpoints every layer (``_kept_full``'s uniform, one layer)."""
+    r = c.r
+    if r is None or c.conv == "paper" or c.eager:
+        return True
+    return r.recompute_method == "uniform" and r.recompute_num_layers == 1
+
+
+def layer_work(c: Ctx, layer: list[Term], moe: bool, rc: Recompute, kinds: tuple[bool, ...]) -> int:
+    """One layer's backward: its recomputed unit (if any) plus its temporaries."""
+    unit = 1
+    if c.r is not None and not c.eager and c.r.recompute_method == "uniform":
+        unit = min(c.r.recompute_num_layers, max(len(kinds), 1))
+    ffn = sum(t.bytes for t in layer if t.name.startswith(("mlp.", "moe.")))
+    return recomputed_unit(c, layer, rc, unit) + layer_temporaries(c, moe, ffn)
+
+
+def _eager_profile_terms(c: Ctx, sp: StageParams) -> dict[Recompute, tuple[Term, ...]]:
+    """An eager profile: terms measured per layer kind and recompute level; a traced one: what
+    the blocks keep from forward to backward (for the report; its peak is replayed)."""
+    assert c.profile is not None  # checked by the caller; not input validation
+    if isinstance(c.profile, TracedProfile):
+        dense, moe = sp.dense_layers, sp.moe_layers
+        found = stored_terms(c.profile, dense, moe, c.s, c.s_full, c.seq)
+    else:
+        edge = sp.first or sp.last
+        found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
+    terms = tuple(Term(name, group, b) for name, group, b in found)
+    return {rc: tuple(t for t in terms if keep(t.group, rc, c)) for rc in RECOMPUTE_LEVELS}
+
+
+def _kept_full(c: Ctx, kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
+    """Layer terms kept under full recompute: Megatron's uniform method checkpoints the input of
+    every unit of ``recompute_num_layers`` layers, block the first that many layers of the
+    stage and keeps the rest whole; the paper and eager frameworks checkpoint every layer."""
+    r = c.r
+    if r is None or c.conv == "paper" or c.eager:
+        method, n = "uniform", 1
+    else:
+        method, n = r.recompute_method, r.recompute_num_layers
+    if method == "uniform" and n == 1:
+        return [t for t in _every(kinds, per) if t.group in FULL_KEEP]
+    out: list[Term] = []
+    for j, moe in enumerate(kinds):
+        if method == "block" and j >= n:
+            out += per[moe]
+        elif method == "block" or j % n == 0:
+            out += [t for t in per[moe] if t.group in FULL_KEEP]
+    return out
+
+
+def _every(kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
+    """Every layer's terms, MoE layers first (the order the names are reported in)."""
+    return [t for moe in (True, False) for _ in range(kinds.count(moe)) for t in per[moe]]
+
+
+def _sum_counted(layers: list[tuple[_Summed, int]], rest: list[Term]) -> tuple[Term, ...]:
+    """``_sum`` of every layer kind's summed terms (each kind ``n`` times) then ``rest``, in
+    that order."""
+    sums: dict[tuple[str, str], int] = {}
+    for kind, n in layers:
+        for key, b in kind:
+            sums[key] = sums.get(key, 0) + b * n
+    for t in rest:
+        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
+    return tuple(Term(name, group, b) for (name, group), b in sums.items())
+
+
+def _sum(terms: list[Term]) -> tuple[Term, ...]:
+    sums: dict[tuple[str, str], int] = {}
+    for t in terms:
+        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
+    return tuple(Term(name, group, b) for (name, group), b in sums.items())
