@@ -18,7 +18,7 @@ from dssup.memory.flops import DeviceWork
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Link, Topology, group_link
 
-__all__ = ["Links", "SeqComm", "dp_bytes", "links", "seq_comm"]
+__all__ = ["Links", "SeqComm", "dp_bytes", "layer_traffic", "links", "seq_comm"]
 
 
 class Links(NamedTuple):
@@ -93,16 +93,12 @@ def seq_comm(
     direction with sequence parallelism: all-gather and reduce-scatter around attention and
     MLP; two around attention in an MoE layer, whose experts communicate over EP), EP dispatch
     and combine (two per MoE layer and direction), CP's key/value exchange, and PP sends."""
+    tp_fwd, ep_fwd = layer_traffic(
+        m, layout, work, seq, lk, act_bytes, dispatch_bytes, dedup_remote
+    )
     tokens = seq / layout.cp
     h = m.hidden
     t = layout.tp
-    tp_one = (t - 1) / t * tokens * h * act_bytes / lk.tp.bytes_per_s if t > 1 else 0.0
-    dense_layers = work.layers - work.moe_layers
-    tp_fwd = tp_one * (4 * dense_layers + 2 * work.moe_layers)
-    slot_tokens = work.slots / max(work.moe_layers, 1.0)  # routed slots per MoE layer
-    disp = _a2a_seconds(lk, slot_tokens * h * dispatch_bytes, dedup_remote)
-    comb = _a2a_seconds(lk, slot_tokens * h * act_bytes, dedup_remote)
-    ep_fwd = work.moe_layers * (disp + comb)
     cp_fwd = 0.0
     if layout.cp > 1:  # ring attention: each rank passes its K and V around the CP ring
         kv = 2 * tokens * m.kv_heads * m.head_dim * act_bytes / t
@@ -122,6 +118,30 @@ def seq_comm(
         cp=_levels(cp_fwd),
         pp=pp,
     )
+
+
+def layer_traffic(
+    m: ModelSpec,
+    layout: Layout,
+    work: DeviceWork,
+    seq: int,
+    lk: Links,
+    act_bytes: int,
+    dispatch_bytes: int,
+    dedup_remote: float,
+) -> tuple[float, float]:
+    """Forward seconds per sequence of one device's TP collectives and EP all-to-alls (what
+    sets the pace with its compute, ``cost.pace``; ``seq_comm`` has the rest)."""
+    tokens = seq / layout.cp
+    h = m.hidden
+    t = layout.tp
+    tp_one = (t - 1) / t * tokens * h * act_bytes / lk.tp.bytes_per_s if t > 1 else 0.0
+    dense_layers = work.layers - work.moe_layers
+    tp_fwd = tp_one * (4 * dense_layers + 2 * work.moe_layers)
+    slot_tokens = work.slots / max(work.moe_layers, 1.0)  # routed slots per MoE layer
+    disp = _a2a_seconds(lk, slot_tokens * h * dispatch_bytes, dedup_remote)
+    comb = _a2a_seconds(lk, slot_tokens * h * act_bytes, dedup_remote)
+    return tp_fwd, work.moe_layers * (disp + comb)
 
 
 def _levels(fwd: float) -> dict[Recompute, float]:

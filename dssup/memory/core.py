@@ -22,7 +22,7 @@ from dssup.memory.params import Split
 from dssup.memory.profile import EagerProfile, eager_tail
 from dssup.memory.schedule import held_counts, interleaved_states
 from dssup.memory.spec import ModelSpec
-from dssup.memory.stage_terms import layer_work, stage_terms
+from dssup.memory.stage_terms import ContextTerms, layer_work
 from dssup.memory.stages import (
     StageParams,
     padded_vocab,
@@ -118,7 +118,7 @@ def prepare(
 ) -> list[PreparedDevice]:
     """Parameters and activation terms of every device of ``layout``."""
     c = make_ctx(m, layout, training, conv, r)
-    tail, table, last = _tail(c), _stage_kinds(c), layout.stages - 1
+    tail, (table, cache), last = _tail(c), _stage_kinds(c), layout.stages - 1
     stages = []
     for i, layers in enumerate(partition(m.layers, layout)):
         key = (layers.start, layers.stop, i == 0, i == last)
@@ -126,7 +126,7 @@ def prepare(
         if kind is None:
             if len(table) >= 4096:
                 table.clear()
-            kind = table[key] = _stage_kind(c, layout, layers, i)
+            kind = table[key] = _stage_kind(cache, layout, layers, i)
         sp, terms, acts, work, const, moments = kind
         stages.append(PreparedStage(i, layers, sp, terms, acts, work, tail, const, moments))
     return [
@@ -146,21 +146,22 @@ _Kind = tuple[
 
 
 @lru_cache(maxsize=64)
-def _stage_kinds(c: Ctx) -> dict[tuple[int, int, bool, bool], _Kind]:
+def _stage_kinds(c: Ctx) -> tuple[dict[tuple[int, int, bool, bool], _Kind], ContextTerms]:
     """The stages met under one context, by (first layer, end, first stage, last stage): what
     a stage holds and keeps depends on nothing else (the context fixes the model, TP, EP, the
     convention and the resolved settings), so layouts that share a stage share its kind, and
     the context is hashed once per ``prepare``. Callers must not mutate the entries."""
-    return {}
+    return {}, ContextTerms(c)
 
 
-def _stage_kind(c: Ctx, layout: Layout, layers: range, i: int) -> _Kind:
+def _stage_kind(cache: ContextTerms, layout: Layout, layers: range, i: int) -> _Kind:
+    c = cache.c
     r, m = c.r, c.m
     assert r is not None  # ``make_ctx`` sets it; not input validation
     pad = r.framework in ("megatron", "deepseek")
     sp = stage_params(m, layout, c.conv, layers, i, r.mtp, pad)
     kinds = _kinds(m)[layers.start : layers.stop]
-    terms, acts, work = stage_terms(c, sp, kinds)
+    terms, acts, work = cache.stage(sp, kinds)
     const, moments = (
         (None, ())  # a traced profile replays the whole step (``traced_device``)
         if isinstance(c.profile, TracedProfile)

@@ -33,7 +33,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dssup.memory.comm import Links, SeqComm, dp_bytes, links, seq_comm
+from dssup.memory.comm import Links, SeqComm, dp_bytes, layer_traffic, links, seq_comm
 from dssup.memory.config import RECOMPUTE_LEVELS, Layout, Precision, Recompute
 from dssup.memory.flops import DeviceWork, device_work
 from dssup.memory.spec import ModelSpec
@@ -411,23 +411,24 @@ def _slowest(
     """The device that sets the pace, by compute, MoE token handling and layer traffic, and
     its traffic (devices of the same make-up share the traffic computation)."""
     gemm_rate, core_rate, slot_s = rates
-    seen: dict[tuple[float, float, float], SeqComm] = {}
-    best: tuple[float, DeviceWork, SeqComm] | None = None
+    seen: dict[tuple[float, float, float], float] = {}  # a make-up's TP + EP seconds
+    best: tuple[float, DeviceWork] | None = None
     done: set[int] = set()  # stages of one make-up are one object (``flops.device_work``)
     for x in works:
         if id(x) in done:  # the same object: the same pace, never a later maximum
             continue
         done.add(id(x))
         key = (x.layers, x.moe_layers, x.slots)
-        c = seen.get(key)
-        if c is None:
-            c = seen[key] = seq_comm(m, layout, x, seq, lk, *sizes)
+        comm = seen.get(key)
+        if comm is None:
+            tp_fwd, ep_fwd = layer_traffic(m, layout, x, seq, lk, *sizes)
+            comm = seen[key] = 2 * tp_fwd + 2 * ep_fwd  # SeqComm's tp + ep, no recompute
         pace = x.gemm / gemm_rate + x.core / core_rate + x.slots * slot_s
-        pace += c.tp["none"] + c.ep["none"]
+        pace += comm
         if best is None or pace > best[0]:
-            best = (pace, x, c)
+            best = (pace, x)
     assert best is not None  # a layout has at least one device
-    return best[1], best[2]
+    return best[1], seq_comm(m, layout, best[1], seq, lk, *sizes)
 
 
 def _dedup(m: ModelSpec, lk: Links) -> float:

@@ -211,8 +211,11 @@ def _device_work(
     out = []
     for rank in range(pp):
         if schedule == "dualpipe":
-            own = [stages[rank], stages[pp - 1 - rank]]
-            out.append(_merge(own, 0.5))
+            mirror = pp - 1 - rank
+            if mirror < rank:  # the mirror rank's two stages: a + b is b + a, one object
+                out.append(out[mirror])
+                continue
+            out.append(_merge([stages[rank], stages[mirror]], 0.5))
         else:
             out.append(_merge(stages[rank::pp], 1.0))
     return tuple(out)

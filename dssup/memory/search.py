@@ -285,15 +285,14 @@ class Search:
         if lb is None:
             return out
         t, cm, prec = self.kept.threshold, self.req.cost, self.r.precision
-        return [
-            (z, o, p)
-            for z, o, p in out
-            if min(
-                cost_at(cost_curve(cm, lb, "none", z, o, p, 0, prec), b, rows // b) for b in micro
-            )
-            < t
-            and self._states_fit(layout, z, o, p)
-        ]
+        kept = []
+        for z, o, p in out:
+            if not self._states_fit(layout, z, o, p):
+                continue
+            curve = cost_curve(cm, lb, "none", z, o, p, 0, prec)
+            if any(cost_at(curve, b, rows // b) < t for b in micro):
+                kept.append((z, o, p))
+        return kept
 
     def _states_fit(self, layout: Layout, zero: int, off_opt: bool, off_par: bool) -> bool:
         """Whether the model states of the device holding the most parameters, with the
@@ -353,25 +352,20 @@ class Search:
                 self._configs(layout, groups, lc, knobs, part, rows)
         return True
 
-    def _fastest(
+    def _reaches(
         self,
         layout: Layout,
         lc: _Lazy,
-        zero: int,
-        off_opt: bool,
-        off_par: bool,
-        shard: int,
+        choice: tuple[int, bool, bool, int],
+        rc: Recompute,
         micro: list[int],
         rows: int,
-        levels: tuple[Recompute, ...] | None = None,
-    ) -> float:
-        """The least step time of a (ZeRO, offload) choice over ``levels`` and micro-batches,
-        by the step-time model alone (memory not asked)."""
-        return min(
-            cost_at(self._curve(layout, lc, rc, zero, off_opt, off_par, shard), b, rows // b)
-            for rc in (levels or self.levels)
-            for b in micro
-        )
+    ) -> bool:
+        """Whether a config of one (ZeRO, offload, recompute) choice is faster than the kept
+        rows' slowest, by the step-time model alone (memory not asked)."""
+        curve = self._curve(layout, lc, rc, *choice)
+        t = self.kept.threshold
+        return any(cost_at(curve, b, rows // b) < t for b in micro)
 
     def _configs(
         self,
@@ -389,12 +383,7 @@ class Search:
         key = (zero, off_opt, off_par, max(g.shard for g in rows_st))
         levels = self.levels
         if self.req.bound:  # the levels that can still reach the kept rows
-            t = self.kept.threshold
-            levels = tuple(
-                rc
-                for rc in levels
-                if self._fastest(layout, lc, zero, off_opt, off_par, key[3], micro, rows, (rc,)) < t
-            )
+            levels = tuple(rc for rc in levels if self._reaches(layout, lc, key, rc, micro, rows))
             if not levels:
                 return
         # Probe the least memory-hungry config (most recompute, smallest micro-batch):

@@ -11,7 +11,6 @@ tuples that ``estimate`` reports are built when first asked for (``StageTerms``)
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
 
 from dssup.memory.activations import FULL_KEEP, Ctx, Term, keep, layer_terms, stage_io_terms
 from dssup.memory.backward import layer_temporaries, loss_backward, recomputed_unit
@@ -21,7 +20,7 @@ from dssup.memory.stages import StageParams
 from dssup.memory.traced import TracedProfile
 from dssup.memory.traced_stage import stored_terms
 
-__all__ = ["StageTerms", "layer_work", "stage_terms"]
+__all__ = ["ContextTerms", "StageTerms", "layer_work"]
 
 _Summed = tuple[tuple[tuple[str, str], int], ...]  # ((name, group), bytes) in first-seen order
 _Levels = dict[Recompute, int]
@@ -55,51 +54,85 @@ class StageTerms(Mapping[Recompute, tuple[Term, ...]]):
         return sum(1 for _ in self)
 
 
-@lru_cache(maxsize=4096)
-def stage_terms(
-    c: Ctx, sp: StageParams, kinds: tuple[bool, ...]
-) -> tuple[Mapping[Recompute, tuple[Term, ...]], _Levels, _Levels]:
-    """Kept terms, kept bytes and the backward working set of a stage per recompute level
-    (cached by what the stage holds: stages at other places share them). Callers must not
-    mutate the returned dicts."""
-    if c.profile is not None:
-        terms = _eager_profile_terms(c, sp)
-        zero = dict.fromkeys(RECOMPUTE_LEVELS, 0)
-        return terms, {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}, zero
-    per = {moe: _layer_kind(c, moe) for moe in set(kinds)}
-    io_kept, freed = _io(c, sp.first, sp.last, sp.mtp)
-    counts = [(per[moe], n) for moe in (True, False) if (n := kinds.count(moe))]
-    every = _every_layer_checkpointed(c)
-    parts: dict[Recompute, tuple[list[tuple[_Summed, int]], list[Term]]] = {}
-    made: dict[Recompute, tuple[Term, ...]] = {}
-    acts: _Levels = {}
-    for rc in RECOMPUTE_LEVELS:
-        if rc == "full" and not every:
-            full = _kept_full(c, kinds, {moe: k.terms for moe, k in per.items()})
-            made[rc] = _sum(full + io_kept[rc])
-            acts[rc] = sum(t.bytes for t in made[rc])
-            continue
-        # every layer of a kind keeps the same terms: sum one, count it (as _every + _sum)
-        parts[rc] = ([(k.kept[rc], n) for k, n in counts], io_kept[rc])
-        acts[rc] = sum(k.bytes[rc] * n for k, n in counts) + sum(t.bytes for t in io_kept[rc])
-    loss = loss_backward(c) if (sp.last or sp.mtp) else 0
-    work = {
-        rc: max([loss] + [k.work(c, rc, kinds) - freed for k in per.values()])
-        for rc in RECOMPUTE_LEVELS
-    }
-    return StageTerms(parts, made), acts, work
+_Stage = tuple[Mapping[Recompute, tuple[Term, ...]], _Levels, _Levels]
 
 
-@lru_cache(maxsize=1024)
-def _io(c: Ctx, first: bool, last: bool, mtp: bool) -> tuple[dict[Recompute, list[Term]], int]:
-    """A stage's own terms (token ids; final norm, loss, MTP) that each level keeps, and the
-    bytes a layer's backward finds freed: the loss's backward runs first, so its kept tensors
-    are gone by then."""
-    mtp_terms = _layer_kind(c, c.m.moe is not None).terms if mtp else []
-    io = stage_io_terms(c, first, last, mtp_terms)
-    kept = {rc: [t for t in io if keep(t.group, rc, c)] for rc in RECOMPUTE_LEVELS}
-    freed = sum(t.bytes for t in io if t.name.startswith(("head.", "loss."))) if last else 0
-    return kept, freed
+class ContextTerms:
+    """What the stages of one context keep, cached by what a stage holds: stages at other
+    places and in other layouts with the same make-up share them (the context fixes the
+    model, TP, EP, the convention and the resolved settings). Callers must not mutate what
+    it returns."""
+
+    __slots__ = ("_io", "_layers", "_stages", "c", "every")
+
+    def __init__(self, c: Ctx) -> None:
+        self.c = c
+        self.every = _every_layer_checkpointed(c)
+        self._stages: dict[tuple[StageParams, tuple[bool, ...]], _Stage] = {}
+        self._layers: dict[bool, _LayerKind] = {}
+        self._io: dict[tuple[bool, bool, bool], tuple[dict[Recompute, list[Term]], int]] = {}
+
+    def stage(self, sp: StageParams, kinds: tuple[bool, ...]) -> _Stage:
+        """Kept terms, kept bytes and the backward working set of a stage per recompute
+        level."""
+        key = (sp, kinds)
+        found = self._stages.get(key)
+        if found is None:
+            if len(self._stages) >= 4096:
+                self._stages.clear()
+            found = self._stages[key] = self._stage(sp, kinds)
+        return found
+
+    def _stage(self, sp: StageParams, kinds: tuple[bool, ...]) -> _Stage:
+        c = self.c
+        if c.profile is not None:
+            terms = _eager_profile_terms(c, sp)
+            zero = dict.fromkeys(RECOMPUTE_LEVELS, 0)
+            return terms, {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}, zero
+        per = {moe: self.layer(moe) for moe in set(kinds)}
+        io_kept, freed = self.io(sp.first, sp.last, sp.mtp)
+        counts = [(per[moe], n) for moe in (True, False) if (n := kinds.count(moe))]
+        parts: dict[Recompute, tuple[list[tuple[_Summed, int]], list[Term]]] = {}
+        made: dict[Recompute, tuple[Term, ...]] = {}
+        acts: _Levels = {}
+        for rc in RECOMPUTE_LEVELS:
+            io_rc = io_kept[rc]
+            if rc == "full" and not self.every:
+                full = _kept_full(c, kinds, {moe: k.terms for moe, k in per.items()})
+                made[rc] = _sum(full + io_rc)
+                acts[rc] = sum(t.bytes for t in made[rc])
+                continue
+            # every layer of a kind keeps the same terms: sum one, count it (as _every + _sum)
+            parts[rc] = ([(k.kept[rc], n) for k, n in counts], io_rc)
+            acts[rc] = sum(k.bytes[rc] * n for k, n in counts) + sum(t.bytes for t in io_rc)
+        loss = loss_backward(c) if (sp.last or sp.mtp) else 0
+        work = {
+            rc: max([loss] + [k.work(c, rc, kinds) - freed for k in per.values()])
+            for rc in RECOMPUTE_LEVELS
+        }
+        return StageTerms(parts, made), acts, work
+
+    def layer(self, moe: bool) -> _LayerKind:
+        """One layer kind's terms."""
+        found = self._layers.get(moe)
+        if found is None:
+            found = self._layers[moe] = _LayerKind(self.c, moe)
+        return found
+
+    def io(self, first: bool, last: bool, mtp: bool) -> tuple[dict[Recompute, list[Term]], int]:
+        """A stage's own terms (token ids; final norm, loss, MTP) that each level keeps, and
+        the bytes a layer's backward finds freed: the loss's backward runs first, so its kept
+        tensors are gone by then."""
+        key = (first, last, mtp)
+        found = self._io.get(key)
+        if found is None:
+            c = self.c
+            mtp_terms = self.layer(c.m.moe is not None).terms if mtp else []
+            io = stage_io_terms(c, first, last, mtp_terms)
+            kept = {rc: [t for t in io if keep(t.group, rc, c)] for rc in RECOMPUTE_LEVELS}
+            freed = sum(t.bytes for t in io if t.name.startswith(("head.", "loss."))) if last else 0
+            found = self._io[key] = (kept, freed)
+        return found
 
 
 class _LayerKind:
@@ -123,17 +156,12 @@ class _LayerKind:
         self.works: dict[tuple[Recompute, int], int] = {}
 
     def work(self, c: Ctx, rc: Recompute, kinds: tuple[bool, ...]) -> int:
-        """``layer_work`` of this kind in a stage of ``kinds`` (it reads only their count)."""
-        key = (rc, len(kinds))
+        """``layer_work`` of this kind in a stage of ``kinds`` (it reads only their unit)."""
+        key = (rc, _unit(c, kinds))
         found = self.works.get(key)
         if found is None:
             found = self.works[key] = layer_work(c, self.terms, self.moe, rc, kinds)
         return found
-
-
-@lru_cache(maxsize=1024)
-def _layer_kind(c: Ctx, moe: bool) -> _LayerKind:
-    return _LayerKind(c, moe)
 
 
 def _every_layer_checkpointed(c: Ctx) -> bool:
@@ -146,11 +174,16 @@ def _every_layer_checkpointed(c: Ctx) -> bool:
 
 def layer_work(c: Ctx, layer: list[Term], moe: bool, rc: Recompute, kinds: tuple[bool, ...]) -> int:
     """One layer's backward: its recomputed unit (if any) plus its temporaries."""
-    unit = 1
-    if c.r is not None and not c.eager and c.r.recompute_method == "uniform":
-        unit = min(c.r.recompute_num_layers, max(len(kinds), 1))
     ffn = sum(t.bytes for t in layer if t.name.startswith(("mlp.", "moe.")))
-    return recomputed_unit(c, layer, rc, unit) + layer_temporaries(c, moe, ffn)
+    return recomputed_unit(c, layer, rc, _unit(c, kinds)) + layer_temporaries(c, moe, ffn)
+
+
+def _unit(c: Ctx, kinds: tuple[bool, ...]) -> int:
+    """Layers full recompute re-forwards at once in a stage of ``kinds`` (Megatron's uniform
+    method: ``recompute_num_layers``, at most the stage's; else one)."""
+    if c.r is not None and not c.eager and c.r.recompute_method == "uniform":
+        return min(c.r.recompute_num_layers, max(len(kinds), 1))
+    return 1
 
 
 def _eager_profile_terms(c: Ctx, sp: StageParams) -> dict[Recompute, tuple[Term, ...]]:

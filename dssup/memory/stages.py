@@ -13,6 +13,7 @@ With interleaving there are pp*vpp (virtual) stages; ``placement`` says which a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dssup.memory.config import Convention, Layout
 from dssup.memory.memo import ModelMemo
@@ -112,11 +113,18 @@ def layer_params(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -
 def _layer_cached(
     m: ModelSpec, tp: int, ep: int, etp: int, conv: Convention, is_moe: bool
 ) -> Split:
-    layout = Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
+    layout = _split_layout(tp, ep, etp)
     base = Split(non_moe=norm_params(m) + attention_params(m, layout.tp, conv))
     if is_moe:
         return base + moe_params(m, layout, conv)
     return base + Split(non_moe=mlp_params(m, layout.tp))
+
+
+@lru_cache(maxsize=256)
+def _split_layout(tp: int, ep: int, etp: int) -> Layout:
+    """The layout the parameter formulas read (TP, EP, ETP), built once per split: a
+    validated ``Layout`` costs more than the arithmetic it feeds."""
+    return Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
 
 
 def moe_layers_in(m: ModelSpec, layers: range) -> int:
@@ -184,7 +192,7 @@ def _stage_params(
     mtp: bool,
     pad: bool,
 ) -> StageParams:
-    layout = Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
+    layout = _split_layout(tp, ep, etp)
     total, largest = Split(), 0
     for is_moe, count in ((True, moe_layers), (False, dense_layers)):
         if count:
