@@ -202,13 +202,13 @@ def _device_work(
     tokens = seq / cp
     dense = layer_work(m, tp, cp, sp, seq, False)
     moe = layer_work(m, tp, cp, sp, seq, True, imbalance)
-    stages = []
+    stages: list[DeviceWork] = []
     for r, _, last in _stage_layers(m, layout):
         n_moe = moe_layers_in(m, r)
         held = (n_moe, len(r) - n_moe, last)
         make = partial(_stage, m, layout, *held, dense, moe, tokens)
         stages.append(_STAGES.get(m, (tp, cp, sp, seq, imbalance, *held), make))
-    out = []
+    out: list[DeviceWork] = []
     for rank in range(pp):
         if schedule == "dualpipe":
             mirror = pp - 1 - rank
