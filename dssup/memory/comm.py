@@ -40,15 +40,15 @@ def links(topo: Topology, layout: Layout, nvlink_eff: float, nic_eff: float) -> 
     tp, cp, dp, ep, etp = layout.tp, layout.cp, layout.dp, layout.ep, layout.etp
     stride_pp = tp * cp * dp
     pp_bw = nv if stride_pp < topo.gpus_per_node else nic
-    return Links(
-        tp=group_link(topo, tp, 1, nic, nv),
-        cp=group_link(topo, cp, tp, nic, nv),
-        ep=group_link(topo, ep, etp, nic, nv),
-        pp_bytes_per_s=pp_bw,
-        dp=group_link(topo, dp * cp, tp, nic, nv),
-        edp=group_link(topo, layout.edp, ep * etp, nic, nv),
-        nvlink=nv,
-        nic=nic,
+    return Links(  # tp, cp, ep, pp, dp, edp (positional: cheaper than keywords, per layout)
+        group_link(topo, tp, 1, nic, nv),
+        group_link(topo, cp, tp, nic, nv),
+        group_link(topo, ep, etp, nic, nv),
+        pp_bw,
+        group_link(topo, dp * cp, tp, nic, nv),
+        group_link(topo, layout.edp, ep * etp, nic, nv),
+        nv,
+        nic,
     )
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "constant",
     "device_in_flight",
     "finish",
+    "in_flight_levels",
     "make_ctx",
     "prepare",
     "states",
@@ -219,3 +220,13 @@ def device_in_flight(
         if total > best:
             best, at = total, state
     return best, at
+
+
+def in_flight_levels(dev: PreparedDevice, layout: Layout, m: int) -> dict[Recompute, int]:
+    """``device_in_flight``'s bytes at every recompute level (the counts found once when they
+    do not depend on the level: every schedule but interleaving)."""
+    if layout.schedule == "interleaved" and layout.pp > 1:
+        return {rc: device_in_flight(dev, layout, rc, m)[0] for rc in RECOMPUTE_LEVELS}
+    counts = held_counts(layout, dev.index, tuple(st.index for st in dev.stages), m)
+    held = list(zip(counts, dev.stages, strict=True))
+    return {rc: sum(n * st.acts[rc] for n, st in held) for rc in RECOMPUTE_LEVELS}

@@ -273,22 +273,12 @@ def pace(
     per_chunk = w.layers / chunks if w.layers else 1.0
     full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
     g_none, c_none = w.fwd_bwd("none")
-    return Pace(
-        w=w,
-        comm=comm,
-        lk=lk,
-        fp8=fp8,
-        gemm_rate=gemm_rate,
-        core_rate=core_rate,
-        moe=w.slots * slot_s,
-        dual=layout.schedule == "dualpipe" and layout.pp > 1,
-        hide=(tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap),
-        sm=cm.comm_sm_fraction,
-        modules=modules,
-        full=full,
-        g0=g_none / gemm_rate,
-        c0=c_none / core_rate,
-    )
+    dual = layout.schedule == "dualpipe" and layout.pp > 1
+    hide = (tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap)
+    return Pace(  # positional: a NamedTuple's keywords cost more than this whole fold
+        w, comm, lk, fp8, gemm_rate, core_rate, w.slots * slot_s, dual, hide,
+        cm.comm_sm_fraction, modules, full, g_none / gemm_rate, c_none / core_rate,
+    )  # fmt: skip
 
 
 def level(cm: CostModel, p: Pace, rc: Recompute) -> RcRaw:
@@ -410,25 +400,49 @@ def _slowest(
 ) -> tuple[DeviceWork, SeqComm]:
     """The device that sets the pace, by compute, MoE token handling and layer traffic, and
     its traffic (devices of the same make-up share the traffic computation)."""
-    gemm_rate, core_rate, slot_s = rates
     seen: dict[tuple[float, float, float], float] = {}  # a make-up's TP + EP seconds
     best: tuple[float, DeviceWork] | None = None
-    done: set[int] = set()  # stages of one make-up are one object (``flops.device_work``)
-    for x in works:
-        if id(x) in done:  # the same object: the same pace, never a later maximum
-            continue
-        done.add(id(x))
+    for x, compute in _compute_paces(works, rates):
         key = (x.layers, x.moe_layers, x.slots)
         comm = seen.get(key)
         if comm is None:
             tp_fwd, ep_fwd = layer_traffic(m, layout, x, seq, lk, *sizes)
             comm = seen[key] = 2 * tp_fwd + 2 * ep_fwd  # SeqComm's tp + ep, no recompute
-        pace = x.gemm / gemm_rate + x.core / core_rate + x.slots * slot_s
-        pace += comm
+        pace = compute + comm
         if best is None or pace > best[0]:
             best = (pace, x)
     assert best is not None  # a layout has at least one device
     return best[1], seq_comm(m, layout, best[1], seq, lk, *sizes)
+
+
+def _compute_paces(
+    works: tuple[DeviceWork, ...], rates: tuple[float, float, float]
+) -> tuple[tuple[DeviceWork, float], ...]:
+    """Each distinct device work object of ``works`` (stages of one make-up are one object,
+    ``flops.device_work``: a repeat has the same pace, never a later maximum) with its compute
+    and MoE seconds per sequence at ``rates``; cached per works tuple, which layouts of other
+    EP and DP share."""
+    key = (id(works), rates)
+    hit = _PACES.get(key)
+    if hit is not None and hit[0] is works:
+        return hit[1]
+    gemm_rate, core_rate, slot_s = rates
+    done: set[int] = set()
+    out = []
+    for x in works:
+        if id(x) not in done:
+            done.add(id(x))
+            out.append((x, x.gemm / gemm_rate + x.core / core_rate + x.slots * slot_s))
+    if len(_PACES) >= 1024:
+        _PACES.clear()
+    _PACES[key] = (works, tuple(out))  # the entry keeps ``works`` alive: its id is not reused
+    return _PACES[key][1]
+
+
+_PACES: dict[
+    tuple[int, tuple[float, float, float]],
+    tuple[tuple[DeviceWork, ...], tuple[tuple[DeviceWork, float], ...]],
+] = {}
 
 
 def _dedup(m: ModelSpec, lk: Links) -> float:

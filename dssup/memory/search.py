@@ -23,7 +23,7 @@ from dssup.memory.config import (
     Recompute,
     Training,
 )
-from dssup.memory.core import PreparedDevice, States, device_in_flight, prepare, states, tails
+from dssup.memory.core import PreparedDevice, States, in_flight_levels, prepare, states, tails
 from dssup.memory.cost import CostModel, LayoutCost, with_memory_bound
 from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
@@ -75,7 +75,7 @@ def _dual_kind(
     working sets, constants and which edge stages it holds (eager moments: every rank)."""
     if any(st.moments for st in dev.stages):
         return (dev.index,)
-    by_rc = {rc: device_in_flight(dev, layout, rc, 2 * layout.pp)[0] for rc in RECOMPUTE_LEVELS}
+    by_rc = in_flight_levels(dev, layout, 2 * layout.pp)
     if dual is not None:
         dual[id(dev)] = by_rc
     acts = tuple(by_rc.values())
@@ -558,9 +558,7 @@ class Search:
             if sched == "dualpipe" and pp > 1:  # fixed counts: PP - j for each held stage j
                 dual = self._dual.get(id(g))
                 if dual is None:
-                    dual = {
-                        rc: device_in_flight(g, layout, rc, 2 * pp)[0] for rc in RECOMPUTE_LEVELS
-                    }
+                    dual = in_flight_levels(g, layout, 2 * pp)
                     self._dual[id(g)] = dual
                 acts, fixed = dual, 1
             elif sched == "interleaved" and pp > 1:

@@ -22,7 +22,8 @@ from dssup.memory.traced_stage import stored_terms
 
 __all__ = ["ContextTerms", "StageTerms", "layer_work"]
 
-_Summed = tuple[tuple[tuple[str, str], int], ...]  # ((name, group), bytes) in first-seen order
+# (name, group) keys in first-seen order, and their bytes
+_Summed = tuple[tuple[tuple[str, str], ...], tuple[int, ...]]
 _Levels = dict[Recompute, int]
 
 
@@ -146,13 +147,14 @@ class _LayerKind:
         self.moe = moe
         self.terms = layer_terms(c, moe)
         self.kept: dict[Recompute, _Summed] = {}
+        names = [(t.name, t.group) for t in self.terms]  # one key per term, for every level
         for rc in RECOMPUTE_LEVELS:
             sums: dict[tuple[str, str], int] = {}
-            for t in self.terms:
+            for t, key in zip(self.terms, names, strict=True):
                 if (t.group in FULL_KEEP) if rc == "full" else keep(t.group, rc, c):
-                    sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
-            self.kept[rc] = tuple(sums.items())
-        self.bytes = {rc: sum(b for _, b in kept) for rc, kept in self.kept.items()}
+                    sums[key] = sums.get(key, 0) + t.bytes
+            self.kept[rc] = (tuple(sums), tuple(sums.values()))
+        self.bytes = {rc: sum(kept[1]) for rc, kept in self.kept.items()}
         self.works: dict[tuple[Recompute, int], int] = {}
 
     def work(self, c: Ctx, rc: Recompute, kinds: tuple[bool, ...]) -> int:
@@ -229,8 +231,8 @@ def _sum_counted(layers: list[tuple[_Summed, int]], rest: list[Term]) -> tuple[T
     """``_sum`` of every layer kind's summed terms (each kind ``n`` times) then ``rest``, in
     that order."""
     sums: dict[tuple[str, str], int] = {}
-    for kind, n in layers:
-        for key, b in kind:
+    for (keys, values), n in layers:
+        for key, b in zip(keys, values, strict=True):
             sums[key] = sums.get(key, 0) + b * n
     for t in rest:
         sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
