@@ -37,11 +37,26 @@ from dssup.memory.defaults import Resolved
 from dssup.memory.memo import ModelMemo
 from dssup.memory.params import Split
 from dssup.memory.spec import ModelSpec
-from dssup.memory.stages import StageParams, kind_params, moe_layers_in, partition, placement
+from dssup.memory.stages import (
+    StageKind,
+    StageParams,
+    kind_params,
+    moe_layers_in,
+    partition,
+    placement,
+)
 from dssup.memory.steptime import recompute_spec
 from dssup.memory.topology import Topology
 
-__all__ = ["Kept", "LayoutBound", "bound_fold", "device_params", "layout_bound", "lower_bound"]
+__all__ = [
+    "FoldArgs",
+    "Kept",
+    "LayoutBound",
+    "bound_fold",
+    "device_params",
+    "layout_bound",
+    "lower_bound",
+]
 
 T = TypeVar("T")
 
@@ -126,7 +141,7 @@ def _units(m: ModelSpec, layout: Layout, conv: Convention, mtp: bool, pad: bool)
 
     def make() -> _Units:
         def unit(moe: int, dense: int, first: bool = False, last: bool = False) -> StageParams:
-            return kind_params(m, tp, ep, etp, conv, moe, dense, first, last, mtp, pad)
+            return kind_params(m, StageKind(tp, ep, etp, conv, moe, dense, first, last, mtp, pad))
 
         def pair(sp: StageParams) -> tuple[int, int]:
             return sp.split.non_moe, sp.split.moe
@@ -196,52 +211,41 @@ class _Entry:
         self.fold: LayoutCost | None = None
 
 
-def layout_bound(
-    cm: CostModel,
-    topo: Topology,
-    m: ModelSpec,
-    layout: Layout,
-    seq: int,
-    conv: Convention,
-    r: Resolved,
-    imbalance: float,
-) -> LayoutBound:
+class FoldArgs(NamedTuple):
+    """What a layout's fold is made of: the cost model, GPU, model, layout, sequence length,
+    convention, resolved settings and MoE imbalance."""
+
+    cm: CostModel
+    topo: Topology
+    m: ModelSpec
+    layout: Layout
+    seq: int
+    conv: Convention
+    r: Resolved
+    imbalance: float
+
+
+def layout_bound(a: FoldArgs) -> LayoutBound:
     """The layout's ``LayoutBound``: only the no-recompute level of its fold, with no
     memory-bound kernel time (which needs the memory model's activations) and no
     data-parallel or optimizer terms, so every config's time is at least what
     ``lower_bound`` makes of it. Memoised per model object, cost model and topology object (a
     long-lived planner re-plans the same layouts: the webhook, the supervisor)."""
-    return _entry(cm, topo, m, layout, seq, conv, r, imbalance).bound
+    return _entry(a).bound
 
 
-def bound_fold(
-    cm: CostModel,
-    topo: Topology,
-    m: ModelSpec,
-    layout: Layout,
-    seq: int,
-    conv: Convention,
-    r: Resolved,
-    imbalance: float,
-) -> LayoutCost:
+def bound_fold(a: FoldArgs) -> LayoutCost:
     """The layout's whole step-time fold without its memory-bound kernel time, from the pace
     its bound found (folded once, for the layouts the bound lets through)."""
-    e = _entry(cm, topo, m, layout, seq, conv, r, imbalance)
+    e = _entry(a)
     if e.fold is None:
-        e.fold = fold(cm, topo, layout, e.pace, 0, e.params.non_moe, e.params.moe, r.precision)
+        p = e.params
+        e.fold = fold(a.cm, a.topo, a.layout, e.pace, 0, p.non_moe, p.moe, a.r.precision)
     return e.fold
 
 
-def _entry(
-    cm: CostModel,
-    topo: Topology,
-    m: ModelSpec,
-    layout: Layout,
-    seq: int,
-    conv: Convention,
-    r: Resolved,
-    imbalance: float,
-) -> _Entry:
+def _entry(a: FoldArgs) -> _Entry:
+    cm, topo, m, layout, seq, conv, r, imbalance = a
     key = (
         id(cm),
         id(topo),

@@ -18,7 +18,7 @@ from dssup.memory.flops import DeviceWork
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Link, Topology, group_link
 
-__all__ = ["Links", "SeqComm", "dp_bytes", "layer_traffic", "links", "seq_comm"]
+__all__ = ["Links", "SeqComm", "Sizes", "dp_bytes", "layer_traffic", "links", "seq_comm"]
 
 
 class Links(NamedTuple):
@@ -79,23 +79,20 @@ def _a2a_seconds(lk: Links, payload: float, dedup_remote: float) -> float:
     return max(remote / lk.nic, local / lk.nvlink)
 
 
+Sizes = tuple[int, int, float]  # bytes per activation and per dispatched element, EP dedup
+
+
 def seq_comm(
-    m: ModelSpec,
-    layout: Layout,
-    work: DeviceWork,
-    seq: int,
-    lk: Links,
-    act_bytes: int,
-    dispatch_bytes: int,
-    dedup_remote: float,
+    m: ModelSpec, layout: Layout, work: DeviceWork, seq: int, lk: Links, sizes: Sizes
 ) -> SeqComm:
     """Per-sequence communication of one device: TP collectives (four per dense layer and
     direction with sequence parallelism: all-gather and reduce-scatter around attention and
     MLP; two around attention in an MoE layer, whose experts communicate over EP), EP dispatch
-    and combine (two per MoE layer and direction), CP's key/value exchange, and PP sends."""
-    tp_fwd, ep_fwd = layer_traffic(
-        m, layout, work, seq, lk, act_bytes, dispatch_bytes, dedup_remote
-    )
+    and combine (two per MoE layer and direction), CP's key/value exchange, and PP sends.
+    ``sizes``: bytes per activation and per dispatched element, and the cross-node dedup
+    factor of the dispatch."""
+    tp_fwd, ep_fwd = layer_traffic(m, layout, work, seq, lk, sizes)
+    act_bytes = sizes[0]
     tokens = seq / layout.cp
     h = m.hidden
     t = layout.tp
@@ -121,17 +118,11 @@ def seq_comm(
 
 
 def layer_traffic(
-    m: ModelSpec,
-    layout: Layout,
-    work: DeviceWork,
-    seq: int,
-    lk: Links,
-    act_bytes: int,
-    dispatch_bytes: int,
-    dedup_remote: float,
+    m: ModelSpec, layout: Layout, work: DeviceWork, seq: int, lk: Links, sizes: Sizes
 ) -> tuple[float, float]:
     """Forward seconds per sequence of one device's TP collectives and EP all-to-alls (what
     sets the pace with its compute, ``cost.pace``; ``seq_comm`` has the rest)."""
+    act_bytes, dispatch_bytes, dedup_remote = sizes
     tokens = seq / layout.cp
     h = m.hidden
     t = layout.tp

@@ -406,13 +406,13 @@ def _slowest(
         key = (x.layers, x.moe_layers, x.slots)
         comm = seen.get(key)
         if comm is None:
-            tp_fwd, ep_fwd = layer_traffic(m, layout, x, seq, lk, *sizes)
+            tp_fwd, ep_fwd = layer_traffic(m, layout, x, seq, lk, sizes)
             comm = seen[key] = 2 * tp_fwd + 2 * ep_fwd  # SeqComm's tp + ep, no recompute
         pace = compute + comm
         if best is None or pace > best[0]:
             best = (pace, x)
     assert best is not None  # a layout has at least one device
-    return best[1], seq_comm(m, layout, best[1], seq, lk, *sizes)
+    return best[1], seq_comm(m, layout, best[1], seq, lk, sizes)
 
 
 def _compute_paces(

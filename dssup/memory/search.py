@@ -13,24 +13,29 @@ from __future__ import annotations
 import math
 
 from dssup.errors import ConfigError
-from dssup.memory.bound import Kept, bound_fold, device_params, layout_bound, lower_bound
+from dssup.memory.bound import (
+    FoldArgs,
+    Kept,
+    bound_fold,
+    device_params,
+    layout_bound,
+    lower_bound,
+)
 from dssup.memory.capacity import band, budget
 from dssup.memory.config import (
     RECOMPUTE_LEVELS,
-    Convention,
     Layout,
     Overheads,
     Recompute,
     Training,
 )
 from dssup.memory.core import PreparedDevice, States, in_flight_levels, prepare, states, tails
-from dssup.memory.cost import CostModel, LayoutCost, with_memory_bound
+from dssup.memory.cost import LayoutCost, with_memory_bound
 from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.offload import host_states, with_overhead
 from dssup.memory.plan_types import Candidate, PlanRequest
 from dssup.memory.schedule import accumulation_rule
-from dssup.memory.spec import ModelSpec
 from dssup.memory.steptime import fold_layout, recompute_spec, stored_per_sequence
 from dssup.memory.sweep import InFlight, Row, fit_prefix, peak
 from dssup.memory.topology import Topology
@@ -259,17 +264,16 @@ class Search:
 
     def lower_bound(self, layout: Layout, micro: list[int]) -> float:
         """Seconds no config of ``layout`` can beat (``bound.py``)."""
-        req = self.req
-        lb = layout_bound(*self._fold_args(layout))
-        return lower_bound(lb, micro, req.global_batch // layout.dp)
+        return lower_bound(
+            layout_bound(self._fold(layout)), micro, self.req.global_batch // layout.dp
+        )
 
-    def _fold_args(
-        self, layout: Layout
-    ) -> tuple[CostModel, Topology, ModelSpec, Layout, int, Convention, Resolved, float]:
-        req = self.req
-        t = req.training
-        return (req.cost, self.topo, req.model, layout, t.seq_len, req.convention, self.r,
-                t.moe_imbalance)  # fmt: skip
+    def _fold(self, layout: Layout) -> FoldArgs:
+        req, t = self.req, self.req.training
+        return FoldArgs(
+            req.cost, self.topo, req.model, layout, t.seq_len, req.convention, self.r,
+            t.moe_imbalance,
+        )  # fmt: skip
 
     def _choices(
         self, layout: Layout, lb: LayoutCost | None, micro: list[int], rows: int
@@ -326,7 +330,7 @@ class Search:
         ``bound_fold``). False: nothing was left to sweep."""
         req, r = self.req, self.r
         rows = req.global_batch // layout.dp
-        lb = bound_fold(*self._fold_args(layout)) if bounded else None
+        lb = bound_fold(self._fold(layout)) if bounded else None
         choices = self._choices(layout, lb, micro, rows)
         if not choices:
             return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from dssup.memory.config import Convention, Layout
 from dssup.memory.memo import ModelMemo
@@ -31,6 +32,7 @@ from dssup.memory.params import (
 from dssup.memory.spec import ModelSpec
 
 __all__ = [
+    "StageKind",
     "StageParams",
     "kind_params",
     "layer_params",
@@ -155,43 +157,34 @@ def stage_params(
     moe = moe_layers_in(m, layers)
     first, last = stage == 0, stage == layout.stages - 1
     lay = layout
-    return kind_params(
-        m, lay.tp, lay.ep, lay.etp, conv, moe, len(layers) - moe, first, last, mtp, pad
-    )
+    kind = StageKind(lay.tp, lay.ep, lay.etp, conv, moe, len(layers) - moe, first, last, mtp, pad)
+    return kind_params(m, kind)
 
 
-def kind_params(
-    m: ModelSpec,
-    tp: int,
-    ep: int,
-    etp: int,
-    conv: Convention,
-    moe_layers: int,
-    dense_layers: int,
-    first: bool,
-    last: bool,
-    mtp: bool = True,
-    pad: bool = True,
-) -> StageParams:
-    """``stage_params`` of a stage given by what it holds: ``moe_layers`` and ``dense_layers``
-    layers, the first and/or last stage's embedding and head (cached)."""
-    key = (tp, ep, etp, conv, moe_layers, dense_layers, first, last, mtp, pad)
-    return _STAGES.get(m, key, lambda: _stage_params(m, *key))
+class StageKind(NamedTuple):
+    """What one GPU of a stage holds, which is all its parameters depend on: the TP/EP/ETP
+    split, the convention, its MoE and dense layers, whether it is the first and/or last
+    stage (embedding, head), and whether MTP modules are built and the vocabulary padded."""
+
+    tp: int
+    ep: int
+    etp: int
+    conv: Convention
+    moe_layers: int
+    dense_layers: int
+    first: bool
+    last: bool
+    mtp: bool = True
+    pad: bool = True
 
 
-def _stage_params(
-    m: ModelSpec,
-    tp: int,
-    ep: int,
-    etp: int,
-    conv: Convention,
-    moe_layers: int,
-    dense_layers: int,
-    first: bool,
-    last: bool,
-    mtp: bool,
-    pad: bool,
-) -> StageParams:
+def kind_params(m: ModelSpec, kind: StageKind) -> StageParams:
+    """``stage_params`` of a stage given by what it holds (cached)."""
+    return _STAGES.get(m, kind, lambda: _stage_params(m, kind))
+
+
+def _stage_params(m: ModelSpec, kind: StageKind) -> StageParams:
+    tp, ep, etp, conv, moe_layers, dense_layers, first, last, mtp, pad = kind
     layout = _split_layout(tp, ep, etp)
     total, largest = Split(), 0
     for is_moe, count in ((True, moe_layers), (False, dense_layers)):

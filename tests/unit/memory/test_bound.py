@@ -11,11 +11,11 @@ from dssup.memory import (
     PlanRequest,
     Precision,
     Training,
+    bound,
     model_from_hf_config,
     plan,
     preset,
 )
-from dssup.memory.bound import Kept, bound_fold, device_params, layout_bound, lower_bound
 from dssup.memory.config import Overheads
 from dssup.memory.core import prepare
 from dssup.memory.cost import CostModel
@@ -87,9 +87,10 @@ def test_the_bound_is_below_every_config_of_its_layout() -> None:
         lay = c.layout
         if lay not in by_layout:
             rows = req.global_batch // lay.dp
-            lb = layout_bound(req.cost, res.topology, req.model, lay, 4096, "megatron", r, 1.0)
+            args = bound.FoldArgs(req.cost, res.topology, req.model, lay, 4096, "megatron", r, 1.0)
+            lb = bound.layout_bound(args)
             micro = [b for b in range(1, rows + 1) if rows % b == 0]
-            by_layout[lay] = lower_bound(lb, micro, rows)
+            by_layout[lay] = bound.lower_bound(lb, micro, rows)
         assert by_layout[lay] <= c.step_time_s * (1 + 1e-12), (lay, c.step_time_s)
     assert len(by_layout) > 20
 
@@ -117,16 +118,16 @@ def test_the_bound_is_cost_at_of_the_folds_curve_without_data_parallel_terms() -
             found["deepseek", lay] = deepseek
     for (_, lay), training in found.items():
         r = resolve("megatron", training, Overheads())
-        args = (req.cost, res.topology, req.model, lay, 4096, "megatron", r, 1.0)
+        args = bound.FoldArgs(req.cost, res.topology, req.model, lay, 4096, "megatron", r, 1.0)
         rows = req.global_batch // lay.dp
         micro = [b for b in range(1, rows + 1) if rows % b == 0]
-        curve = make_curve(req.cost, bound_fold(*args), "none", 0.0, 0.0, 0.0, 0.0, 0.0)
-        assert lower_bound(layout_bound(*args), micro, rows) == min(
+        curve = make_curve(req.cost, bound.bound_fold(args), "none", 0.0, 0.0, 0.0, 0.0, 0.0)
+        assert bound.lower_bound(bound.layout_bound(args), micro, rows) == min(
             cost_at(curve, b, rows // b) for b in micro
         )
         devices = prepare(req.model, lay, training, "megatron", r)
         assert (
-            device_params(req.model, lay, "megatron", r)
+            bound.device_params(req.model, lay, "megatron", r)
             == max(devices, key=lambda d: d.split.total).split
         )
     assert {lay.schedule for _, lay in found} == {"1f1b", "interleaved", "dualpipe"}
@@ -153,11 +154,11 @@ def test_device_params_of_a_tied_embedding_are_prepares(conv: str) -> None:
     ):
         devices = prepare(m, lay, t, conv, r)  # type: ignore[arg-type]
         want = max(devices, key=lambda d: d.split.total).split
-        assert device_params(m, lay, conv, r) == want, lay  # type: ignore[arg-type]
+        assert bound.device_params(m, lay, conv, r) == want, lay  # type: ignore[arg-type]
 
 
 def test_kept_holds_the_fastest_and_says_when_a_bound_cannot_enter() -> None:
-    kept: Kept[str] = Kept(2)
+    kept: bound.Kept[str] = bound.Kept(2)
     assert kept.threshold == float("inf")
     for seconds, name in ((3.0, "c"), (1.0, "a"), (2.0, "b"), (2.0, "b2"), (0.5, "z")):
         kept.offer(seconds, name)
