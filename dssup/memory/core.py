@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import mul
 
 from dssup.memory.activations import Ctx, Term
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Recompute, Training
@@ -215,8 +216,9 @@ def device_in_flight(
         counts = held_counts(layout, dev.index, held, m)
         return sum(n * st.acts[rc] for n, st in zip(counts, dev.stages, strict=True)), counts
     best, at = -1, tuple[int, ...]()
+    acts = [st.acts[rc] for st in dev.stages]
     for state in interleaved_states(layout, dev.index, m):
-        total = sum(n * st.acts[rc] for n, st in zip(state, dev.stages, strict=True))
+        total = sum(map(mul, state, acts))  # the chunks' counts times their bytes
         if total > best:
             best, at = total, state
     return best, at

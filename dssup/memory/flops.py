@@ -170,35 +170,16 @@ def device_work(
         return hit[1]
     if len(_WORK) > 4096:
         _WORK.clear()
-    works = _device_work(
-        m, lay.tp, lay.cp, lay.sp, lay.pp, lay.vpp, lay.schedule, lay.layers_per_stage, seq,
-        imbalance,
-    )  # fmt: skip
+    works = _device_work(m, lay, seq, imbalance)
     _WORK[key] = (m, works)
     return works
 
 
 def _device_work(
-    m: ModelSpec,
-    tp: int,
-    cp: int,
-    sp: bool,
-    pp: int,
-    vpp: int,
-    schedule: str,
-    split: tuple[int, ...] | None,
-    seq: int,
-    imbalance: float,
+    m: ModelSpec, layout: Layout, seq: int, imbalance: float
 ) -> tuple[DeviceWork, ...]:
-    layout = Layout(
-        tp=tp,
-        cp=cp,
-        sp=sp,
-        pp=pp,
-        vpp=vpp,
-        schedule=schedule,
-        layers_per_stage=split,
-    )
+    """``device_work`` of ``layout``: reads only the fields of its cache key."""
+    tp, cp, sp, pp, schedule = layout.tp, layout.cp, layout.sp, layout.pp, layout.schedule
     tokens = seq / cp
     dense = layer_work(m, tp, cp, sp, seq, False)
     moe = layer_work(m, tp, cp, sp, seq, True, imbalance)

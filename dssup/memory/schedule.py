@@ -32,6 +32,7 @@ __all__ = [
     "check_micro_batches",
     "held_counts",
     "interleaved_states",
+    "rank_states",
     "steady_m",
 ]
 
@@ -93,7 +94,12 @@ def held_counts(layout: Layout, rank: int, stages: tuple[int, ...], m: int) -> t
 def interleaved_states(layout: Layout, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
     """Distinct per-chunk alive counts along rank ``rank``'s interleaved schedule, after each
     forward (the moments a peak can happen); chunk c is virtual stage c*pp + rank."""
-    pp, vpp, group = layout.pp, layout.vpp, layout.vpp_group or layout.pp
+    return rank_states(layout.pp, layout.vpp, layout.vpp_group or layout.pp, rank, m)
+
+
+def rank_states(pp: int, vpp: int, group: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """``interleaved_states`` by the schedule's numbers (``group``: micro-batches per virtual
+    stage at a time)."""
     return _states(pp, vpp, group, steady_m(pp, vpp, group, m, rank), rank)
 
 

@@ -69,20 +69,22 @@ class ContextTerms:
     def __init__(self, c: Ctx) -> None:
         self.c = c
         self.every = _every_layer_checkpointed(c)
-        self._stages: dict[tuple[StageParams, tuple[bool, ...]], _Stage] = {}
+        self._stages: dict[tuple[int, tuple[bool, ...]], tuple[StageParams, _Stage]] = {}
         self._layers: dict[bool, _LayerKind] = {}
         self._io: dict[tuple[bool, bool, bool], tuple[dict[Recompute, list[Term]], int]] = {}
 
     def stage(self, sp: StageParams, kinds: tuple[bool, ...]) -> _Stage:
         """Kept terms, kept bytes and the backward working set of a stage per recompute
-        level."""
-        key = (sp, kinds)
+        level. Keyed by the parameters' object (``stages.kind_params`` makes one per kind;
+        the entry keeps it alive, so its id is not reused): hashing it field by field cost
+        more than the lookup saved."""
+        key = (id(sp), kinds)
         found = self._stages.get(key)
-        if found is None:
+        if found is None or found[0] is not sp:
             if len(self._stages) >= 4096:
                 self._stages.clear()
-            found = self._stages[key] = self._stage(sp, kinds)
-        return found
+            found = self._stages[key] = (sp, self._stage(sp, kinds))
+        return found[1]
 
     def _stage(self, sp: StageParams, kinds: tuple[bool, ...]) -> _Stage:
         c = self.c
