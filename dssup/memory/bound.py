@@ -54,6 +54,7 @@ __all__ = [
     "LayoutBound",
     "bound_fold",
     "device_params",
+    "fold_params",
     "layout_bound",
     "lower_bound",
 ]
@@ -90,24 +91,9 @@ class Kept(Generic[T]):
 
 def device_params(m: ModelSpec, layout: Layout, conv: Convention, r: Resolved) -> Split:
     """Parameters of the device holding the most (all its stages; one embedding matrix when
-    tied and both ends are on it), as ``core.prepare`` adds them up."""
-    pad = r.framework in ("megatron", "deepseek")
-    key = (
-        layout.tp,
-        layout.ep,
-        layout.etp,
-        layout.pp,
-        layout.vpp,
-        layout.schedule,
-        layout.layers_per_stage,
-        conv,
-        r.mtp,
-        pad,
-    )
-    return _PARAMS.get(m, key, lambda: _device_params(m, layout, conv, r.mtp, pad))
-
-
-_PARAMS = ModelMemo(8192)
+    tied and both ends are on it), as ``core.prepare`` adds them up (a layout's bound keeps
+    them: ``fold_params``)."""
+    return _device_params(m, layout, conv, r.mtp, r.framework in ("megatron", "deepseek"))
 
 
 def _device_params(m: ModelSpec, layout: Layout, conv: Convention, mtp: bool, pad: bool) -> Split:
@@ -242,6 +228,11 @@ def bound_fold(a: FoldArgs) -> LayoutCost:
         p = e.params
         e.fold = fold(a.cm, a.topo, a.layout, e.pace, 0, p.non_moe, p.moe, a.r.precision)
     return e.fold
+
+
+def fold_params(a: FoldArgs) -> Split:
+    """``device_params`` of the layout, as its bound found them."""
+    return _entry(a).params
 
 
 def _entry(a: FoldArgs) -> _Entry:

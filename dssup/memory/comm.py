@@ -35,9 +35,25 @@ class Links(NamedTuple):
 
 
 def links(topo: Topology, layout: Layout, nvlink_eff: float, nic_eff: float) -> Links:
-    """Place every group (Megatron order tp-cp-ep-dp-pp; experts tp(etp)-ep-dp-pp)."""
-    nv, nic = topo.intra_node_bytes_per_s * nvlink_eff, topo.inter_node_bytes_per_s * nic_eff
+    """Place every group (Megatron order tp-cp-ep-dp-pp; experts tp(etp)-ep-dp-pp); one
+    ``Links`` per topology object and group sizes (the layer splits of a layout share it)."""
     tp, cp, dp, ep, etp = layout.tp, layout.cp, layout.dp, layout.ep, layout.etp
+    key = (id(topo), tp, cp, dp, ep, etp, nvlink_eff, nic_eff)
+    hit = _LINKS.get(key)
+    if hit is None or hit[0] is not topo:
+        if len(_LINKS) >= 4096:
+            _LINKS.clear()
+        hit = _LINKS[key] = (topo, _links(topo, tp, cp, dp, ep, etp, nvlink_eff, nic_eff))
+    return hit[1]  # the entry keeps ``topo`` alive: its id is not reused
+
+
+_LINKS: dict[tuple[int, int, int, int, int, int, float, float], tuple[Topology, Links]] = {}
+
+
+def _links(
+    topo: Topology, tp: int, cp: int, dp: int, ep: int, etp: int, nvlink_eff: float, nic_eff: float
+) -> Links:
+    nv, nic = topo.intra_node_bytes_per_s * nvlink_eff, topo.inter_node_bytes_per_s * nic_eff
     stride_pp = tp * cp * dp
     pp_bw = nv if stride_pp < topo.gpus_per_node else nic
     return Links(  # tp, cp, ep, pp, dp, edp (positional: cheaper than keywords, per layout)
@@ -46,7 +62,7 @@ def links(topo: Topology, layout: Layout, nvlink_eff: float, nic_eff: float) -> 
         group_link(topo, ep, etp, nic, nv),
         pp_bw,
         group_link(topo, dp * cp, tp, nic, nv),
-        group_link(topo, layout.edp, ep * etp, nic, nv),
+        group_link(topo, tp * cp * dp // (ep * etp), ep * etp, nic, nv),  # the EDP group
         nv,
         nic,
     )

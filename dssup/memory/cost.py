@@ -274,11 +274,27 @@ def pace(
     full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
     g_none, c_none = w.fwd_bwd("none")
     dual = layout.schedule == "dualpipe" and layout.pp > 1
-    hide = (tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap)
+    hide = _hidden(cm, framework)
     return Pace(  # positional: a NamedTuple's keywords cost more than this whole fold
         w, comm, lk, fp8, gemm_rate, core_rate, w.slots * slot_s, dual, hide,
         cm.comm_sm_fraction, modules, full, g_none / gemm_rate, c_none / core_rate,
     )  # fmt: skip
+
+
+def _hidden(cm: CostModel, framework: str) -> tuple[float, float, float, float]:
+    """The hidden shares of TP, EP, CP and PP traffic: one tuple per cost model and framework
+    (every layout's ``Pace`` holds it)."""
+    key = (id(cm), framework)
+    hit = _HIDDEN.get(key)
+    if hit is None or hit[0] is not cm:
+        if len(_HIDDEN) >= 64:
+            _HIDDEN.clear()
+        hide = (tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap)
+        hit = _HIDDEN[key] = (cm, hide)  # the entry keeps ``cm`` alive: its id is not reused
+    return hit[1]
+
+
+_HIDDEN: dict[tuple[int, str], tuple[CostModel, tuple[float, float, float, float]]] = {}
 
 
 def level(cm: CostModel, p: Pace, rc: Recompute) -> RcRaw:

@@ -17,7 +17,7 @@ from dssup.memory.bound import (
     FoldArgs,
     Kept,
     bound_fold,
-    device_params,
+    fold_params,
     layout_bound,
     lower_bound,
 )
@@ -34,6 +34,7 @@ from dssup.memory.cost import LayoutCost, with_memory_bound
 from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.offload import host_states, with_overhead
+from dssup.memory.params import Split
 from dssup.memory.plan_types import Candidate, PlanRequest
 from dssup.memory.schedule import accumulation_rule
 from dssup.memory.steptime import fold_layout, recompute_spec, stored_per_sequence
@@ -289,24 +290,27 @@ class Search:
         if lb is None:
             return out
         t, cm, prec = self.kept.threshold, self.req.cost, self.r.precision
+        split = fold_params(self._fold(layout))
         kept = []
         for z, o, p in out:
-            if not self._states_fit(layout, z, o, p):
+            if not self._states_fit(layout, split, z, o, p):
                 continue
             curve = cost_curve(cm, lb, "none", z, o, p, 0, prec)
             if any(cost_at(curve, b, rows // b) < t for b in micro):
                 kept.append((z, o, p))
         return kept
 
-    def _states_fit(self, layout: Layout, zero: int, off_opt: bool, off_par: bool) -> bool:
+    def _states_fit(
+        self, layout: Layout, split: Split, zero: int, off_opt: bool, off_par: bool
+    ) -> bool:
         """Whether the model states of the device holding the most parameters, with the
         buffers, fit at all under one (ZeRO, offload) choice: every config of it needs at least
         that (activations, working sets and transients only add), so a choice that fails this
-        is decided without the memory model's sweep (a traced profile has its own states)."""
+        is decided without the memory model's sweep (a traced profile has its own states).
+        ``split``: the parameters of that device (``bound.fold_params``)."""
         req, r = self.req, self.r
         if req.training.implementation is not None:
             return True
-        split = device_params(req.model, layout, req.convention, r)
         frameworks = req.convention != "paper"
         dp = layout.dp * (layout.cp if req.convention == "megatron" else 1)
         ms = model_states(

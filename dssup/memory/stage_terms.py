@@ -29,30 +29,33 @@ _Levels = dict[Recompute, int]
 
 class StageTerms(Mapping[Recompute, tuple[Term, ...]]):
     """Kept terms by recompute level, each level summed by name when first read: the summed
-    terms of every layer kind (times its layer count), then the stage's own terms."""
+    terms of every layer kind (times its layer count), then the stage's own terms (``io``:
+    those each level keeps); ``made`` holds the levels built already."""
 
-    __slots__ = ("_made", "_parts")
+    __slots__ = ("_counts", "_io", "_made")
 
     def __init__(
         self,
-        parts: dict[Recompute, tuple[list[tuple[_Summed, int]], list[Term]]],
+        counts: list[tuple[_LayerKind, int]],
+        io: dict[Recompute, list[Term]],
         made: dict[Recompute, tuple[Term, ...]],
     ) -> None:
-        self._parts = parts
+        self._counts = counts
+        self._io = io
         self._made = made
 
     def __getitem__(self, rc: Recompute) -> tuple[Term, ...]:
         found = self._made.get(rc)
         if found is None:
-            kinds, rest = self._parts[rc]  # KeyError for a level the stage has no terms of
-            found = self._made[rc] = _sum_counted(kinds, rest)
+            rest = self._io[rc]  # KeyError for a level the stage has no terms of
+            found = self._made[rc] = _sum_counted([(k.kept[rc], n) for k, n in self._counts], rest)
         return found
 
     def __iter__(self) -> Iterator[Recompute]:
-        return (rc for rc in RECOMPUTE_LEVELS if rc in self._parts or rc in self._made)
+        return iter(RECOMPUTE_LEVELS)
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return len(RECOMPUTE_LEVELS)
 
 
 _Stage = tuple[Mapping[Recompute, tuple[Term, ...]], _Levels, _Levels]
@@ -95,7 +98,6 @@ class ContextTerms:
         per = {moe: self.layer(moe) for moe in set(kinds)}
         io_kept, freed = self.io(sp.first, sp.last, sp.mtp)
         counts = [(per[moe], n) for moe in (True, False) if (n := kinds.count(moe))]
-        parts: dict[Recompute, tuple[list[tuple[_Summed, int]], list[Term]]] = {}
         made: dict[Recompute, tuple[Term, ...]] = {}
         acts: _Levels = {}
         for rc in RECOMPUTE_LEVELS:
@@ -106,14 +108,13 @@ class ContextTerms:
                 acts[rc] = sum(t.bytes for t in made[rc])
                 continue
             # every layer of a kind keeps the same terms: sum one, count it (as _every + _sum)
-            parts[rc] = ([(k.kept[rc], n) for k, n in counts], io_rc)
             acts[rc] = sum(k.bytes[rc] * n for k, n in counts) + sum(t.bytes for t in io_rc)
         loss = loss_backward(c) if (sp.last or sp.mtp) else 0
         work = {
             rc: max([loss] + [k.work(c, rc, kinds) - freed for k in per.values()])
             for rc in RECOMPUTE_LEVELS
         }
-        return StageTerms(parts, made), acts, work
+        return StageTerms(counts, io_kept, made), acts, work
 
     def layer(self, moe: bool) -> _LayerKind:
         """One layer kind's terms."""
