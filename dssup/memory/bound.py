@@ -23,17 +23,9 @@ import heapq
 from typing import Generic, NamedTuple, TypeVar
 
 from dssup.memory.config import Convention, Layout
-from dssup.memory.cost import (
-    CostModel,
-    LayoutCost,
-    Pace,
-    bubble,
-    fold,
-    level,
-    pace,
-    weight_reads,
-)
+from dssup.memory.cost import CostModel, LayoutCost, bubble
 from dssup.memory.defaults import Resolved
+from dssup.memory.fold import Pace, fold, level, pace, weight_reads
 from dssup.memory.memo import ModelMemo
 from dssup.memory.params import Split
 from dssup.memory.spec import ModelSpec
