@@ -107,6 +107,7 @@ def breakdown(
             "product": gpu.product,
             "totalGiB": gib(gpu.total_bytes),
             "usableGiB": gib(gpu.usable_bytes),
+            "cudaGiB": gib(gpu.cuda_bytes),
             "source": gpu.source,
             "sharedBy": gpu.shared_by,
         },
@@ -125,6 +126,8 @@ def breakdown(
         "peakStage": est.peak_stage,
         "peakPhase": est.peak_phase,
         "fits": bool(est.fits),
+        "nearLimit": bool(est.near_limit),
+        "uncertainty": {"fraction": est.uncertainty, "source": est.uncertainty_source},
         "stages": [
             {
                 "stage": s.stage,

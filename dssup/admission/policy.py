@@ -20,6 +20,7 @@ from dssup.admission import annotations as ann
 from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator, Leftovers
+from dssup.admission.gpus import GpuMemory
 from dssup.admission.kinds import suspended
 from dssup.admission.memo import Versioned, carries_written, content, memo_key
 from dssup.admission.messages import breakdown, describe, estimate_note, gib, peak_terms, unseen
@@ -32,6 +33,7 @@ from dssup.admission.wire import AdmissionRequest
 from dssup.admission.writer import assumed_defaults
 from dssup.errors import ConfigError
 from dssup.memory import Estimate, Layout, Training
+from dssup.memory.capacity import Band, near_words
 
 __all__ = ["Mode", "Policy"]
 
@@ -71,11 +73,40 @@ def _fits_message(ev: Evaluation) -> str:
     )
 
 
+def _with_band(message: str, est: Estimate) -> str:
+    """``message``, saying so when the peak is within the model's uncertainty of the limit."""
+    band = _band(est)
+    return message if band is None else f"{message}; {near_words(band)}"
+
+
+def _band(est: Estimate) -> Band | None:
+    """The memory model's uncertainty band when a fitting peak is within it of the limit."""
+    if not est.near_limit or est.uncertainty is None:
+        return None
+    return Band(est.uncertainty, est.uncertainty_source)
+
+
+def _near_warning(est: Estimate, gpu: GpuMemory) -> tuple[str, ...]:
+    """The warning an answer carries when the peak fits within the band (never a denial)."""
+    band = _band(est)
+    if band is None:
+        return ()
+    return (
+        f"dssup: near the limit: {gib(est.peak_bytes)} of {gib(gpu.usable_bytes)} GiB on "
+        f"{gpu.product}, within the memory model's {band.fraction:.1%} uncertainty "
+        f"({band.source})"[:256],
+    )
+
+
 def _capacity(ev: Evaluation) -> str:
     g = ev.gpu
     shared = f" shared by {g.shared_by}" if g.shared_by > 1 else ""
-    reserve = g.total_bytes // g.shared_by - g.usable_bytes
-    return f"{gib(g.total_bytes)} GiB{shared} from {g.source} - {gib(reserve)} reserve"
+    reserve = g.cuda_bytes - g.usable_bytes
+    kept = f" - {gib(reserve)} GiB reserve" if reserve else ""
+    return (
+        f"{gib(g.total_bytes)} GiB{shared} from {g.source}, {gib(g.cuda_bytes)} GiB of it CUDA "
+        f"can allocate ({g.cuda_note}){kept}"
+    )
 
 
 class Policy:
@@ -210,7 +241,8 @@ class Policy:
         cache = self.evaluator.cache
         note = self._per_config(ev, "note", lambda: _estimate_note(ev, _assumed(obj, ev, cache)))
         ops = annotation_ops(obj, {ann.ESTIMATE: note})
-        return self._fit(ev, _fits_message(ev), patch=tuple(ops))
+        near = _near_warning(ev.est, ev.gpu)
+        return self._fit(ev, _fits_message(ev), patch=tuple(ops), warnings=near)
 
     def _fits(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
         """The validating (or warning) answer to a fit: reads only the judged config (what the
@@ -218,7 +250,8 @@ class Policy:
         msg = _fits_message(ev)
         notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
         unseen_note = _unseen_warning(_assumed(obj, ev, self.evaluator.cache))
-        return self._fit(ev, msg, warnings=(*notes, *unseen_note, msg[:120]))
+        near = _near_warning(ev.est, ev.gpu)
+        return self._fit(ev, msg, warnings=(*notes, *unseen_note, *near, msg[:120]))
 
     def _fit(self, ev: Evaluation, message: str, **answer: Any) -> Decision:
         """What every answer to a fit holds (message, audit, breakdown), plus ``answer``: the
@@ -226,7 +259,7 @@ class Policy:
         return Decision(
             allowed=True,
             code="fits",
-            message=message,
+            message=_with_band(message, ev.est),
             audit={"estimate-gib": str(gib(ev.est.peak_bytes)), "decision": "fits"},
             breakdown=self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev),
             **answer,
@@ -293,8 +326,8 @@ class Policy:
         return Decision(
             allowed=True,
             code="resized",
-            message=msg,
-            warnings=(warn[:240],),
+            message=_with_band(msg, resize.estimate),
+            warnings=(warn[:240], *_near_warning(resize.estimate, ev.gpu)),
             patch=tuple(resize.patch),
             audit=audit,
             breakdown=bd,

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PolicySettings"]
+from dssup.memory.capacity import DEFAULT_MARGIN
 
-GiB = 1 << 30
+__all__ = ["PolicySettings"]
 
 
 class PolicySettings(BaseModel):
@@ -16,17 +16,20 @@ class PolicySettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     reserve_bytes: int = Field(
-        GiB,
+        0,
         ge=0,
-        description="bytes subtracted from each GPU's memory before comparing (CUDA context "
-        "growth, NCCL buffers, other tenants); applied to node labels and the table alike",
+        description="bytes kept free on each GPU on top of what the driver keeps (other "
+        "tenants, headroom you want); default none: the GPU's memory is what CUDA can allocate "
+        "of its driver total (``dssup.memory.capacity``), and the CUDA context and NCCL buffers "
+        "are in the prediction; applied to node labels and the table alike",
     )
     plan_margin: float = Field(
-        0.05,
+        DEFAULT_MARGIN,
         ge=0.0,
         lt=1.0,
-        description="fraction of usable memory a resized config must leave free, so a resize "
-        "is not decided on a knife's edge",
+        description="fraction of usable memory a resized config must leave free; default "
+        "none (``dssup.memory.capacity``: a config near the limit is allowed with a warning "
+        "that names the memory model's uncertainty, not excluded)",
     )
     allow_recompute: bool = Field(True, description="the resize may raise activation recompute")
     allow_zero: bool = Field(True, description="the resize may raise the ZeRO stage")

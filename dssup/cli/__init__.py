@@ -7,29 +7,24 @@ bad input), so no command ever shows a traceback for a user mistake.
 
 from __future__ import annotations
 
-import importlib
-
 from dssup.cli.app import main
 
 __all__ = ["main"]
 
-# Sub-command modules; each adds itself to ``main`` on import.
-for _name in (
-    "estimate",
-    "models",
-    "plan",
-    "demo",
-    "run",
-    "status",
-    "webhook",
-    "admit",
-    "measure",
-    "calibrate",
-    "elastic",
-    "gpus",
-):
-    try:
-        importlib.import_module(f"dssup.cli.{_name}")
-    except ModuleNotFoundError as exc:  # a command whose module is not written yet
-        if exc.name != f"dssup.cli.{_name}":
-            raise
+# Sub-command modules, imported when their command is asked for (``DssupGroup.lazy``); each
+# adds itself to ``main`` on import. ``run`` is defined by ``run`` and given its multi-node
+# options by ``elastic``.
+main.lazy = {
+    "estimate": ("dssup.cli.estimate",),
+    "models": ("dssup.cli.models",),
+    "plan": ("dssup.cli.plan",),
+    "demo": ("dssup.cli.demo",),
+    "run": ("dssup.cli.run", "dssup.cli.elastic"),
+    "status": ("dssup.cli.status",),
+    "webhook": ("dssup.cli.webhook",),
+    "admit": ("dssup.cli.admit",),
+    "measure": ("dssup.cli.measure",),
+    "calibrate": ("dssup.cli.calibrate",),
+    "plan-elastic": ("dssup.cli.elastic",),
+    "gpus": ("dssup.cli.gpus",),
+}

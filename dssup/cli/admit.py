@@ -16,6 +16,7 @@ from dssup.admission.offline import AdmitResult, admit, load_documents
 from dssup.admission.settings import PolicySettings
 from dssup.cli.app import main
 from dssup.errors import ConfigError
+from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.memory.gpus import parse_size
 
 __all__ = ["admit_cmd", "policy_options", "policy_settings"]
@@ -27,16 +28,20 @@ def policy_options(fn: Any) -> Any:
         [
             click.option(
                 "--reserve",
-                default="1GiB",
+                default="0",
                 show_default=True,
-                help="Memory kept free on every GPU (CUDA context growth, NCCL, other tenants).",
+                help="Memory kept free on every GPU on top of what the driver keeps (other "
+                "tenants, headroom you want). Default none: a fit is judged against what CUDA "
+                "can allocate; the CUDA context and NCCL buffers are in the prediction.",
             ),
             click.option(
                 "--plan-margin",
                 type=float,
-                default=0.05,
+                default=DEFAULT_MARGIN,
                 show_default=True,
-                help="Fraction of usable memory a resized config must leave free.",
+                help="Fraction of usable memory a resized config must leave free. Default none: "
+                "a config within the memory model's uncertainty of the limit is allowed with a "
+                "warning naming it.",
             ),
             click.option(
                 "--no-recompute-resize", is_flag=True, help="Never raise recompute when resizing."
@@ -86,7 +91,8 @@ def _text(result: AdmitResult) -> str:
         g, c = bd["gpu"], bd["config"]
         lines += [
             "",
-            f"  GPU {g['product']}: {g['totalGiB']} GiB ({g['source']}), usable {g['usableGiB']} GiB",
+            f"  GPU {g['product']}: {g['totalGiB']} GiB ({g['source']}), CUDA can allocate "
+            f"{g['cudaGiB']} GiB, usable {g['usableGiB']} GiB",
             f"  config: TP={c['tp']} PP={c['pp']} EP={c['ep']} CP={c['cp']} DP={c['dp']} "
             f"mbs={c['microBatch']} accum={c['gradAccum']} global={c['globalBatch']} "
             f"seq={c['seqLength']} recompute={c['recompute']} ZeRO-{c['zeroStage']}",

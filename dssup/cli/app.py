@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import importlib
 import re
 import sys
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import click
@@ -16,7 +20,40 @@ __all__ = ["DssupGroup", "main"]
 
 
 class DssupGroup(click.Group):
-    """Turns dssup's own errors into one line on stderr instead of a traceback."""
+    """Turns dssup's own errors into one line on stderr instead of a traceback, and imports a
+    sub-command's module when the command is asked for (``lazy``: command name -> the modules
+    that define it, in order): ``dssup plan`` never imports the webhook's server or the
+    supervisor."""
+
+    lazy: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    freeze_heap = False
+
+    def main(self, args: Sequence[str] | None = None, *rest: Any, **kw: Any) -> Any:
+        # ``args`` None: the process's own command line (the console script, ``python -m
+        # dssup``), not a test runner calling in: only then is its heap frozen
+        self.freeze_heap = args is None
+        return super().main(args, *rest, **kw)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        found = super().resolve_command(ctx, args)  # imports the command's modules
+        if self.freeze_heap:
+            # Everything imported so far lives as long as the process: out of the collector's
+            # reach, a collection walks only what the command allocates (a one-shot ``dssup
+            # plan`` otherwise paid a full walk of the import-time heap inside its search).
+            gc.freeze()
+        return found
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        for module in self.lazy.get(cmd_name, ()):
+            importlib.import_module(module)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        for name in self.lazy:
+            self.get_command(ctx, name)
+        return super().list_commands(ctx)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,11 @@ from dssup.cli.options import (
     overhead_options,
     training_options,
 )
+from dssup.cli.render_plan import capacity_note
 from dssup.cli.run import build_supervisor, print_summary, run_cmd
 from dssup.elastic import ElasticRequest, ElasticTable, MemoryContext, NodeRange, solve
 from dssup.errors import ConfigError
-from dssup.memory.capacity import DEFAULT_MARGIN
+from dssup.memory.capacity import DEFAULT_MARGIN, Band, near_words
 from dssup.memory.gpus import parse_size
 from dssup.memory.topology import topology_of
 from dssup.modelio import load_model
@@ -41,7 +43,7 @@ from dssup.supervisor import parse_command
 from dssup.supervisor.multinode import MultiNodeConfig, MultiNodeSupervisor
 from dssup.supervisor.multinode.launch import check_elastic_command
 
-__all__ = ["plan_elastic", "plan_elastic_cmd", "render_table"]
+__all__ = ["capacity_notes", "plan_elastic", "plan_elastic_cmd", "render_table"]
 
 _GIB = 1 << 30
 
@@ -84,7 +86,17 @@ def _pairs(row: Any) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def render_table(table: ElasticTable) -> str:
+def capacity_notes(o: dict[str, Any]) -> list[str]:
+    """What each GPU of ``--gpu-memory`` is judged against, and the margin: the defaults the
+    table assumes (``render_plan.capacity_note``)."""
+    if o.get("no_memory"):
+        return []
+    margin = o.get("margin", DEFAULT_MARGIN)
+    names = [n.strip() for n in (o.get("gpu_memory") or "").split(",") if n.strip()]
+    return [f"assumption: {capacity_note(name, margin)}" for name in names]
+
+
+def render_table(table: ElasticTable, notes: Sequence[str] = ()) -> str:
     req = table.request
     lines = [
         f"global batch {req.global_batch}, --nnodes {req.nodes} x {req.nproc_per_node} ranks, "
@@ -92,6 +104,7 @@ def render_table(table: ElasticTable) -> str:
         f"{len(table.rows)} node counts keep the batch exact",
         f"{'nodes':>5} {'world':>6} {'dp':>5}  micro x accum",
     ]
+    bands: dict[str, Band] = {}  # the uncertainty of the rows near the limit, once each
     for row in table.rows:
         dp = str(row.dp) if row.dp is not None else "-"
         body = _pairs(row) if row.compatible else f"incompatible: {row.reason}"
@@ -104,8 +117,15 @@ def render_table(table: ElasticTable) -> str:
             mbs = ",".join(str(m) for m in fit.fitting_micro_batches)
             best = fit.best.plan.describe().split(": ", 1)[-1]
             peak = fit.best.peak_bytes / _GIB
-            lines.append(f"{'':>19}{fit.gpu}: micro {mbs} fit; cheapest {best} ({peak:.1f} GiB)")
-    return "\n".join(lines)
+            near = fit.best.near
+            if near is not None:
+                bands[near.source] = Band(near.fraction, near.source)
+            mark = ", near the limit" if near is not None else ""
+            lines.append(
+                f"{'':>19}{fit.gpu}: micro {mbs} fit; cheapest {best} ({peak:.1f} GiB{mark})"
+            )
+    lines += [near_words(b) for b in bands.values()]
+    return "\n".join([*lines, *notes])
 
 
 @main.command("plan-elastic")
@@ -135,7 +155,7 @@ def plan_elastic_cmd(as_json: bool, **o: Any) -> None:
     if as_json:
         click.echo(json.dumps(table.model_dump(mode="json"), separators=(",", ":")))
     else:
-        click.echo(render_table(table))
+        click.echo(render_table(table, capacity_notes(o)))
     if not table.compatible_nnodes:
         raise SystemExit(1)
 

@@ -267,12 +267,12 @@ def _stages(text: str | None, pinned: int | None) -> tuple[int, ...]:
 
 def _elastic(o: dict[str, Any], margin: float, as_json: bool) -> None:
     """``--nnodes MIN:MAX``: the global-batch table of ``dssup plan-elastic``."""
-    from dssup.cli.elastic import plan_elastic, render_table
+    from dssup.cli.elastic import capacity_notes, plan_elastic, render_table
 
     table = plan_elastic({**o, "margin": margin})
     if as_json:
         click.echo(json.dumps(table.model_dump(mode="json"), separators=(",", ":")))
     else:
-        click.echo(render_table(table))
+        click.echo(render_table(table, capacity_notes({**o, "margin": margin})))
     if not table.compatible_nnodes:
         raise SystemExit(1)

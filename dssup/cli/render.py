@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dssup.memory import Estimate
+from dssup.memory.capacity import Band, near_words
 
 __all__ = ["gib", "render_estimate", "table"]
 
@@ -107,10 +108,7 @@ def render_estimate(est: Estimate, verbose: bool = False) -> str:
         verdict = "FITS" if est.headroom_bytes >= 0 else "DOES NOT FIT"
         line = f"GPU {gib(est.gpu_memory_bytes)} GiB: {verdict} (headroom {gib(est.headroom_bytes)} GiB)"
         if est.near_limit:
-            line += (
-                f", near the limit: within {est.uncertainty or 0:.1%}, the memory model's "
-                f"uncertainty ({est.uncertainty_source})"
-            )
+            line += ", " + near_words(Band(est.uncertainty or 0.0, est.uncertainty_source))
         lines.append(line)
     lines += _host_lines(est)
     if verbose:

@@ -18,6 +18,7 @@ import click
 
 from dssup.cli.app import main
 from dssup.errors import ConfigError
+from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.obs.metrics import Metrics, NullMetrics, PrometheusMetrics
 from dssup.supervisor import (
     Journal,
@@ -133,12 +134,14 @@ def _run_dir(command: list[str], o: dict[str, Any]) -> tuple[str, Path]:
     raise ConfigError("--run-dir", "too many finished runs for this command", "pass --run-dir")
 
 
-def _model_step(o: dict[str, Any], plan: TrainingPlan) -> Any:
+def _model_step(o: dict[str, Any], plan: TrainingPlan, say: Any) -> Any:
+    """The memory-model rung for ``--model``, saying what its fits are judged against."""
     if not o.get("model"):
         if o.get("calibration"):
             raise ConfigError("--calibration", "applies to --model", "add --model CONFIG")
         return None
     from dssup.cli.options import load_profile
+    from dssup.cli.render_plan import capacity_note
     from dssup.memory import Layout, Training
     from dssup.memory.gpus import parse_size
     from dssup.memory.topology import topology_of
@@ -149,6 +152,7 @@ def _model_step(o: dict[str, Any], plan: TrainingPlan) -> Any:
         raise ConfigError("--gpu-memory", "needed with --model", "e.g. --gpu-memory 80GiB or H100")
     layout = Layout(tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"], dp=plan.dp)
     base = Training(seq_len=o["seq_len"], implementation=load_profile(o.get("calibration")))
+    say(f"dssup: --model remedies: {capacity_note(o['gpu_memory'], o['margin'])}")
     return ModelStep(
         model=load_model(o["model"]), layout=layout, base=base,
         gpu_memory_bytes=parse_size(o["gpu_memory"], "--gpu-memory"), margin=o["margin"],
@@ -194,11 +198,11 @@ def build_supervisor(command: list[str], o: dict[str, Any], sink: Any = None) ->
     )  # fmt: skip
     metrics: Metrics = PrometheusMetrics() if config.metrics_textfile else NullMetrics()
     steps = [s for a in adapters for s in a.remedy_steps()]
-    planner = RemedyPlanner.default(_model_step(o, plan), steps)
+    say = sink if sink is not None else click.echo
+    planner = RemedyPlanner.default(_model_step(o, plan, say), steps)
     out = sink if sink is not None else (click.echo if config.stream_output else None)
     view = JobView(handoff, job, framework, adapters)
-    return Supervisor(config, cmd, planner, adapters, metrics, sink=out, view=view,
-                      say=sink if sink is not None else click.echo)  # fmt: skip
+    return Supervisor(config, cmd, planner, adapters, metrics, sink=out, view=view, say=say)
 
 
 def print_summary(journal: Journal, echo: Any = click.echo) -> None:
@@ -245,7 +249,15 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
 @click.option("--pp", type=int, default=1, show_default=True)
 @click.option("--cp", type=int, default=1, show_default=True)
 @click.option("--ep", type=int, default=1, show_default=True)
-@click.option("--margin", type=float, default=0.05, show_default=True, help="Memory kept free.")
+@click.option(
+    "--margin",
+    type=float,
+    default=DEFAULT_MARGIN,
+    show_default=True,
+    help="Extra fraction of the GPU memory a --model remedy keeps free. Default none: a fit is "
+    "judged against what CUDA can allocate; a remedy within the memory model's uncertainty "
+    "says so.",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
 @click.option("--max-attempts", type=int, default=8, show_default=True)
 @click.option("--max-no-progress", type=int, default=5, show_default=True)

@@ -14,10 +14,20 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from dssup.elastic.models import OFFLOADS, RECOMPUTES, BatchPlan, Offload, Recompute
-from dssup.memory import Candidate, Layout, ModelSpec, Overheads, PlanRequest, Training
+from dssup.memory import (
+    Candidate,
+    Estimate,
+    Layout,
+    ModelSpec,
+    Overheads,
+    PlanRequest,
+    Training,
+)
 from dssup.memory import estimate as estimate_memory
 from dssup.memory import plan as plan_memory
+from dssup.memory.capacity import DEFAULT_MARGIN, Band, budget, near_words
 from dssup.memory.config import Convention
+from dssup.memory.plan_types import BandInfo
 from dssup.memory.topology import Topology
 
 __all__ = ["Fitted", "MemoryContext", "search_plans"]
@@ -40,7 +50,12 @@ class MemoryContext(BaseModel):
     gpu_memory_bytes: int = Field(gt=0, description="usable memory per GPU, bytes")
     overheads: Overheads | None = Field(None, description="None = convention defaults")
     convention: Convention = "megatron"
-    margin: float = Field(0.05, ge=0, lt=1, description="fraction of GPU memory kept free")
+    margin: float = Field(
+        DEFAULT_MARGIN,
+        ge=0,
+        lt=1,
+        description="extra fraction of GPU memory kept free; default none (capacity.py)",
+    )
     zero_stages: tuple[int, ...] = Field((0, 1, 2, 3), description="stages the job can use")
     recompute: tuple[Recompute, ...] = Field(RECOMPUTES, description="levels the job can use")
     allow_offload: bool = Field(True, description="the job can offload to host memory")
@@ -54,7 +69,7 @@ class MemoryContext(BaseModel):
 
     @property
     def budget(self) -> int:
-        return int(self.gpu_memory_bytes * (1.0 - self.margin))
+        return budget(self.gpu_memory_bytes, self.margin)
 
     def training(self, bp: BatchPlan) -> Training:
         return self.base.model_copy(
@@ -68,25 +83,45 @@ class MemoryContext(BaseModel):
             }
         )
 
+    def estimate(self, bp: BatchPlan) -> Estimate:
+        """The memory model's estimate of ``bp`` on this GPU (calibration included)."""
+        layout = self.layout.model_copy(update={"dp": bp.dp})
+        return estimate_memory(
+            self.model,
+            layout,
+            self.training(bp),
+            self.overheads,
+            self.convention,
+            gpu_memory_bytes=self.gpu_memory_bytes,
+        )
+
     def peak(self, bp: BatchPlan) -> int:
         """Predicted per-GPU peak bytes of ``bp`` (calibration included)."""
-        layout = self.layout.model_copy(update={"dp": bp.dp})
-        est = estimate_memory(
-            self.model, layout, self.training(bp), self.overheads, self.convention
-        )
-        return est.peak_bytes
+        return self.estimate(bp).peak_bytes
+
+    def near_note(self, bp: BatchPlan) -> str:
+        """``"; near the limit: ..."`` (the band and its source) when ``bp`` fits within the
+        memory model's uncertainty of the GPU, else nothing."""
+        est = self.estimate(bp)
+        if not est.near_limit or est.uncertainty is None:
+            return ""
+        return "; " + near_words(Band(est.uncertainty, est.uncertainty_source))
 
     def fits(self, bp: BatchPlan) -> bool:
         return self.peak(bp) <= self.budget
 
 
 class Fitted(BaseModel):
-    """A plan the memory model says fits, with its predicted peak and step time."""
+    """A plan the memory model says fits, with its predicted peak and step time, and the
+    uncertainty band when the peak is within it of the GPU (capacity.py)."""
 
     model_config = _FROZEN
     plan: BatchPlan
     peak_bytes: int
     step_time_s: float
+    near: BandInfo | None = Field(
+        None, description="the memory model's band when the peak fits within it of the GPU"
+    )
 
 
 def _to_plan(c: Candidate, global_batch: int, world: int) -> BatchPlan:
@@ -135,9 +170,14 @@ def search_plans(
         topology=ctx.topology,
         limit=limit,
     )
+    res = plan_memory(req)
+    band = res.bands[0] if res.bands else None
     out = []
-    for cand in plan_memory(req).candidates:
+    for cand in res.candidates:
         bp = _to_plan(cand, global_batch, world_size)
         if bp.offload in offloads:
-            out.append(Fitted(plan=bp, peak_bytes=cand.peak_bytes, step_time_s=cand.step_time_s))
+            near = band if cand.near_limit else None
+            out.append(
+                Fitted(plan=bp, peak_bytes=cand.peak_bytes, step_time_s=cand.step_time_s, near=near)
+            )
     return out

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dssup.elastic.batch import divisors, dp_size
 from dssup.elastic.fit import MemoryContext, search_plans
 from dssup.elastic.models import OFFLOADS, RECOMPUTES, BatchPlan
+from dssup.memory.capacity import Band, near_words
 
 __all__ = ["Action", "Replan", "replan", "rescale"]
 
@@ -112,9 +113,10 @@ def _with_memory(
         peak = ctx.peak(base)
         if peak <= budget:
             reason = f"the user's plan fits again: {base.describe()} peaks at {peak} B"
+            reason += ctx.near_note(base)
             return _verdict("relax", base, reason, peak, naive, naive_peak, budget)
     if naive_peak <= budget and naive.knobs() not in exclude:
-        reason = f"{naive.describe()} peaks at {naive_peak} B of {budget} B"
+        reason = f"{naive.describe()} peaks at {naive_peak} B of {budget} B{ctx.near_note(naive)}"
         action: Action = "keep" if same else "rescale"
         return _verdict(action, naive, reason, naive_peak, naive, naive_peak, budget)
     return _raise(current, naive, ctx, exclude, naive_peak)
@@ -140,6 +142,8 @@ def _raise(
             f"at world {naive.world_size} the current knobs would peak at {naive_peak} B "
             f"(budget {ctx.budget} B): {fit.plan.describe()} peaks at {fit.peak_bytes} B"
         )
+        if fit.near is not None:
+            reason += "; " + near_words(Band(fit.near.fraction, fit.near.source))
         return _verdict(
             "raise-memory", fit.plan, reason, fit.peak_bytes, naive, naive_peak, ctx.budget
         )

@@ -40,8 +40,12 @@ __all__ = [
     "Band",
     "band",
     "budget",
+    "cuda_bytes",
+    "cuda_note",
     "driver_reserve_fraction",
+    "margin_words",
     "near_limit",
+    "near_words",
     "usable_bytes",
     "usable_note",
 ]
@@ -102,9 +106,42 @@ def driver_reserve_fraction(table: tuple[GpuSpec, ...]) -> float:
 def usable_bytes(spec: GpuSpec, reserve_fraction: float) -> int:
     """Bytes CUDA can allocate on ``spec``: its captured ``totalGlobalMem``, else the driver
     total less ``reserve_fraction`` of it (``driver_reserve_fraction``, never more)."""
-    if spec.cuda_memory_bytes is not None:
-        return spec.cuda_memory_bytes
-    return int(spec.memory_bytes * (1.0 - reserve_fraction))
+    return cuda_bytes(spec.memory_bytes, spec, reserve_fraction)
+
+
+def cuda_bytes(total_bytes: int, spec: GpuSpec | None, reserve_fraction: float) -> int:
+    """Bytes CUDA can allocate of a GPU whose driver total is ``total_bytes`` (what NVML, GFD's
+    ``nvidia.com/gpu.memory`` label and ``nvidia-smi`` report): less what the driver keeps,
+    as captured for ``spec`` (its ``memory_bytes - cuda_memory_bytes``), else
+    ``reserve_fraction`` of the total (the largest captured share)."""
+    if spec is not None and spec.cuda_memory_bytes is not None:
+        return max(0, total_bytes - (spec.memory_bytes - spec.cuda_memory_bytes))
+    return int(total_bytes * (1.0 - reserve_fraction))
+
+
+def cuda_note(spec: GpuSpec | None, reserve_fraction: float) -> str:
+    """How ``cuda_bytes`` found what the driver keeps, in a few words."""
+    if spec is not None and spec.cuda_memory_bytes is not None:
+        kept = (spec.memory_bytes - spec.cuda_memory_bytes) / (1 << 20)
+        return f"the driver keeps {kept:.0f} MiB (totalGlobalMem of {spec.name})"
+    return (
+        f"the driver keeps {reserve_fraction:.2%}, estimated (the largest share a captured GPU "
+        "keeps)"
+    )
+
+
+def margin_words(margin: float) -> str:
+    """What a decision says of the user's margin: none by default (``DEFAULT_MARGIN``)."""
+    return f"with a {margin:.0%} margin" if margin else "with no margin"
+
+
+def near_words(b: Band) -> str:
+    """How a decision says a fitting config is within the model's uncertainty of the limit
+    (the planner's rows, ``estimate``, the webhook, the supervisor): the band and its source."""
+    return (
+        f"near the limit: within the memory model's {b.fraction:.1%} uncertainty of the GPU "
+        f"({b.source})"
+    )
 
 
 def usable_note(spec: GpuSpec, reserve_fraction: float) -> str:

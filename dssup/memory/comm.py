@@ -18,7 +18,7 @@ from dssup.memory.flops import DeviceWork
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Link, Topology, group_link
 
-__all__ = ["Links", "SeqComm", "dp_bytes", "links", "seq_comm"]
+__all__ = ["Links", "SeqComm", "Sizes", "dp_bytes", "layer_traffic", "links", "seq_comm"]
 
 
 class Links(NamedTuple):
@@ -35,20 +35,36 @@ class Links(NamedTuple):
 
 
 def links(topo: Topology, layout: Layout, nvlink_eff: float, nic_eff: float) -> Links:
-    """Place every group (Megatron order tp-cp-ep-dp-pp; experts tp(etp)-ep-dp-pp)."""
-    nv, nic = topo.intra_node_bytes_per_s * nvlink_eff, topo.inter_node_bytes_per_s * nic_eff
+    """Place every group (Megatron order tp-cp-ep-dp-pp; experts tp(etp)-ep-dp-pp); one
+    ``Links`` per topology object and group sizes (the layer splits of a layout share it)."""
     tp, cp, dp, ep, etp = layout.tp, layout.cp, layout.dp, layout.ep, layout.etp
+    key = (id(topo), tp, cp, dp, ep, etp, nvlink_eff, nic_eff)
+    hit = _LINKS.get(key)
+    if hit is None or hit[0] is not topo:
+        if len(_LINKS) >= 4096:
+            _LINKS.clear()
+        hit = _LINKS[key] = (topo, _links(topo, tp, cp, dp, ep, etp, nvlink_eff, nic_eff))
+    return hit[1]  # the entry keeps ``topo`` alive: its id is not reused
+
+
+_LINKS: dict[tuple[int, int, int, int, int, int, float, float], tuple[Topology, Links]] = {}
+
+
+def _links(
+    topo: Topology, tp: int, cp: int, dp: int, ep: int, etp: int, nvlink_eff: float, nic_eff: float
+) -> Links:
+    nv, nic = topo.intra_node_bytes_per_s * nvlink_eff, topo.inter_node_bytes_per_s * nic_eff
     stride_pp = tp * cp * dp
     pp_bw = nv if stride_pp < topo.gpus_per_node else nic
-    return Links(
-        tp=group_link(topo, tp, 1, nic, nv),
-        cp=group_link(topo, cp, tp, nic, nv),
-        ep=group_link(topo, ep, etp, nic, nv),
-        pp_bytes_per_s=pp_bw,
-        dp=group_link(topo, dp * cp, tp, nic, nv),
-        edp=group_link(topo, layout.edp, ep * etp, nic, nv),
-        nvlink=nv,
-        nic=nic,
+    return Links(  # tp, cp, ep, pp, dp, edp (positional: cheaper than keywords, per layout)
+        group_link(topo, tp, 1, nic, nv),
+        group_link(topo, cp, tp, nic, nv),
+        group_link(topo, ep, etp, nic, nv),
+        pp_bw,
+        group_link(topo, dp * cp, tp, nic, nv),
+        group_link(topo, tp * cp * dp // (ep * etp), ep * etp, nic, nv),  # the EDP group
+        nv,
+        nic,
     )
 
 
@@ -79,30 +95,23 @@ def _a2a_seconds(lk: Links, payload: float, dedup_remote: float) -> float:
     return max(remote / lk.nic, local / lk.nvlink)
 
 
+Sizes = tuple[int, int, float]  # bytes per activation and per dispatched element, EP dedup
+
+
 def seq_comm(
-    m: ModelSpec,
-    layout: Layout,
-    work: DeviceWork,
-    seq: int,
-    lk: Links,
-    act_bytes: int,
-    dispatch_bytes: int,
-    dedup_remote: float,
+    m: ModelSpec, layout: Layout, work: DeviceWork, seq: int, lk: Links, sizes: Sizes
 ) -> SeqComm:
     """Per-sequence communication of one device: TP collectives (four per dense layer and
     direction with sequence parallelism: all-gather and reduce-scatter around attention and
     MLP; two around attention in an MoE layer, whose experts communicate over EP), EP dispatch
-    and combine (two per MoE layer and direction), CP's key/value exchange, and PP sends."""
+    and combine (two per MoE layer and direction), CP's key/value exchange, and PP sends.
+    ``sizes``: bytes per activation and per dispatched element, and the cross-node dedup
+    factor of the dispatch."""
+    tp_fwd, ep_fwd = layer_traffic(m, layout, work, seq, lk, sizes)
+    act_bytes = sizes[0]
     tokens = seq / layout.cp
     h = m.hidden
     t = layout.tp
-    tp_one = (t - 1) / t * tokens * h * act_bytes / lk.tp.bytes_per_s if t > 1 else 0.0
-    dense_layers = work.layers - work.moe_layers
-    tp_fwd = tp_one * (4 * dense_layers + 2 * work.moe_layers)
-    slot_tokens = work.slots / max(work.moe_layers, 1.0)  # routed slots per MoE layer
-    disp = _a2a_seconds(lk, slot_tokens * h * dispatch_bytes, dedup_remote)
-    comb = _a2a_seconds(lk, slot_tokens * h * act_bytes, dedup_remote)
-    ep_fwd = work.moe_layers * (disp + comb)
     cp_fwd = 0.0
     if layout.cp > 1:  # ring attention: each rank passes its K and V around the CP ring
         kv = 2 * tokens * m.kv_heads * m.head_dim * act_bytes / t
@@ -122,6 +131,24 @@ def seq_comm(
         cp=_levels(cp_fwd),
         pp=pp,
     )
+
+
+def layer_traffic(
+    m: ModelSpec, layout: Layout, work: DeviceWork, seq: int, lk: Links, sizes: Sizes
+) -> tuple[float, float]:
+    """Forward seconds per sequence of one device's TP collectives and EP all-to-alls (what
+    sets the pace with its compute, ``cost.pace``; ``seq_comm`` has the rest)."""
+    act_bytes, dispatch_bytes, dedup_remote = sizes
+    tokens = seq / layout.cp
+    h = m.hidden
+    t = layout.tp
+    tp_one = (t - 1) / t * tokens * h * act_bytes / lk.tp.bytes_per_s if t > 1 else 0.0
+    dense_layers = work.layers - work.moe_layers
+    tp_fwd = tp_one * (4 * dense_layers + 2 * work.moe_layers)
+    slot_tokens = work.slots / max(work.moe_layers, 1.0)  # routed slots per MoE layer
+    disp = _a2a_seconds(lk, slot_tokens * h * dispatch_bytes, dedup_remote)
+    comb = _a2a_seconds(lk, slot_tokens * h * act_bytes, dedup_remote)
+    return tp_fwd, work.moe_layers * (disp + comb)
 
 
 def _levels(fwd: float) -> dict[Recompute, float]:

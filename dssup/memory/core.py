@@ -10,18 +10,20 @@ accumulation, recompute, ZeRO, offload -- is then a handful of integer operation
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import mul
 
-from dssup.memory.activations import FULL_KEEP, Ctx, Term, keep, layer_terms, stage_io_terms
-from dssup.memory.backward import layer_temporaries, loss_backward, recomputed_unit
+from dssup.memory.activations import Ctx, Term
 from dssup.memory.config import RECOMPUTE_LEVELS, Convention, Layout, Recompute, Training
 from dssup.memory.defaults import Resolved
 from dssup.memory.moments import Moment, eager_moments
 from dssup.memory.params import Split
-from dssup.memory.profile import EagerProfile, eager_tail, eager_terms
+from dssup.memory.profile import EagerProfile, eager_tail
 from dssup.memory.schedule import held_counts, interleaved_states
 from dssup.memory.spec import ModelSpec
+from dssup.memory.stage_terms import ContextTerms, layer_work
 from dssup.memory.stages import (
     StageParams,
     padded_vocab,
@@ -31,7 +33,6 @@ from dssup.memory.stages import (
 )
 from dssup.memory.states import States, constant, finish, states, tails, zero3_working_set
 from dssup.memory.traced import TracedProfile
-from dssup.memory.traced_stage import stored_terms
 
 __all__ = [
     "PreparedDevice",
@@ -40,6 +41,7 @@ __all__ = [
     "constant",
     "device_in_flight",
     "finish",
+    "in_flight_levels",
     "make_ctx",
     "prepare",
     "states",
@@ -76,7 +78,7 @@ class PreparedStage:
     index: int
     layers: range
     params: StageParams
-    terms: dict[Recompute, tuple[Term, ...]]  # kept per-sample terms by recompute level
+    terms: Mapping[Recompute, tuple[Term, ...]]  # kept per-sample terms by recompute level
     acts: dict[Recompute, int]  # kept per-sample bytes by recompute level
     work: dict[Recompute, int]  # per-sample backward working set of one micro-batch, by level
     tail: dict[Recompute, int] | None  # eager end-of-backward per-sample bytes by level
@@ -113,127 +115,61 @@ class PreparedDevice:
         return self.works[rc]
 
 
-def _eager_profile_terms(c: Ctx, sp: StageParams) -> dict[Recompute, tuple[Term, ...]]:
-    """An eager profile: terms measured per layer kind and recompute level; a traced one: what
-    the blocks keep from forward to backward (for the report; its peak is replayed)."""
-    assert c.profile is not None  # checked by the caller; not input validation
-    if isinstance(c.profile, TracedProfile):
-        dense, moe = sp.dense_layers, sp.moe_layers
-        found = stored_terms(c.profile, dense, moe, c.s, c.s_full, c.seq)
-    else:
-        edge = sp.first or sp.last
-        found = eager_terms(c.profile, sp.dense_layers, sp.moe_layers, edge, c.s, c.t)
-    terms = tuple(Term(name, group, b) for name, group, b in found)
-    return {rc: tuple(t for t in terms if keep(t.group, rc, c)) for rc in RECOMPUTE_LEVELS}
-
-
-def _kept_full(c: Ctx, kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
-    """Layer terms kept under full recompute: Megatron's uniform method checkpoints the input of
-    every unit of ``recompute_num_layers`` layers, block the first that many layers of the
-    stage and keeps the rest whole; the paper and eager frameworks checkpoint every layer."""
-    r = c.r
-    if r is None or c.conv == "paper" or c.eager:
-        method, n = "uniform", 1
-    else:
-        method, n = r.recompute_method, r.recompute_num_layers
-    if method == "uniform" and n == 1:
-        return [t for t in _every(kinds, per) if t.group in FULL_KEEP]
-    out: list[Term] = []
-    for j, moe in enumerate(kinds):
-        if method == "block" and j >= n:
-            out += per[moe]
-        elif method == "block" or j % n == 0:
-            out += [t for t in per[moe] if t.group in FULL_KEEP]
-    return out
-
-
-def _every(kinds: tuple[bool, ...], per: dict[bool, list[Term]]) -> list[Term]:
-    """Every layer's terms, MoE layers first (the order the names are reported in)."""
-    return [t for moe in (True, False) for _ in range(kinds.count(moe)) for t in per[moe]]
-
-
-def _sum_counted(layers: list[tuple[Term, int]], rest: list[Term]) -> tuple[Term, ...]:
-    """``_sum`` of every layer's terms (each ``n`` times) then ``rest``, in that order."""
-    sums: dict[tuple[str, str], int] = {}
-    for t, n in layers:
-        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes * n
-    for t in rest:
-        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
-    return tuple(Term(name, group, b) for (name, group), b in sums.items())
-
-
-def _sum(terms: list[Term]) -> tuple[Term, ...]:
-    sums: dict[tuple[str, str], int] = {}
-    for t in terms:
-        sums[(t.name, t.group)] = sums.get((t.name, t.group), 0) + t.bytes
-    return tuple(Term(name, group, b) for (name, group), b in sums.items())
-
-
-@lru_cache(maxsize=4096)
-def _stage_terms(
-    c: Ctx, sp: StageParams, kinds: tuple[bool, ...]
-) -> tuple[dict[Recompute, tuple[Term, ...]], dict[Recompute, int], dict[Recompute, int]]:
-    """Kept terms, kept bytes and the backward working set of a stage per recompute level
-    (cached: the planner meets the same stage kinds in many layouts). Callers must not mutate
-    the returned dicts."""
-    if c.profile is not None:
-        terms = _eager_profile_terms(c, sp)
-        zero = dict.fromkeys(RECOMPUTE_LEVELS, 0)
-        return terms, {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}, zero
-    per = {moe: layer_terms(c, moe) for moe in set(kinds)}
-    mtp = layer_terms(c, c.m.moe is not None) if sp.mtp else []
-    io = stage_io_terms(c, sp.first, sp.last, mtp)
-    counts = {moe: kinds.count(moe) for moe in (True, False)}
-    terms = {}
-    for rc in RECOMPUTE_LEVELS:
-        io_kept = [t for t in io if keep(t.group, rc, c)]
-        if rc == "full":
-            terms[rc] = _sum(_kept_full(c, kinds, per) + io_kept)
-            continue
-        # every layer of a kind keeps the same terms: filter one, count it (as _every + _sum)
-        kept = [(t, counts[moe]) for moe in (True, False) if counts[moe] for t in per[moe]]
-        terms[rc] = _sum_counted([(t, n) for t, n in kept if keep(t.group, rc, c)], io_kept)
-    acts = {rc: sum(t.bytes for t in terms[rc]) for rc in RECOMPUTE_LEVELS}
-    loss = loss_backward(c) if (sp.last or sp.mtp) else 0
-    # A layer's backward runs after the loss's: its kept tensors are gone by then.
-    freed = sum(t.bytes for t in io if t.name.startswith(("head.", "loss."))) if sp.last else 0
-    work = {
-        rc: max([loss] + [layer_work(c, per[moe], moe, rc, kinds) - freed for moe in per])
-        for rc in RECOMPUTE_LEVELS
-    }
-    return terms, acts, work
-
-
-def layer_work(c: Ctx, layer: list[Term], moe: bool, rc: Recompute, kinds: tuple[bool, ...]) -> int:
-    """One layer's backward: its recomputed unit (if any) plus its temporaries."""
-    unit = 1
-    if c.r is not None and not c.eager and c.r.recompute_method == "uniform":
-        unit = min(c.r.recompute_num_layers, max(len(kinds), 1))
-    ffn = sum(t.bytes for t in layer if t.name.startswith(("mlp.", "moe.")))
-    return recomputed_unit(c, layer, rc, unit) + layer_temporaries(c, moe, ffn)
-
-
 def prepare(
     m: ModelSpec, layout: Layout, training: Training, conv: Convention, r: Resolved
 ) -> list[PreparedDevice]:
     """Parameters and activation terms of every device of ``layout``."""
     c = make_ctx(m, layout, training, conv, r)
-    pad, tail, pattern = r.framework in ("megatron", "deepseek"), _tail(c), _kinds(m)
+    tail, (table, cache), last = _tail(c), _stage_kinds(c), layout.stages - 1
     stages = []
     for i, layers in enumerate(partition(m.layers, layout)):
-        sp = stage_params(m, layout, conv, layers, i, r.mtp, pad)
-        kinds = pattern[layers.start : layers.stop]
-        terms, acts, work = _stage_terms(c, sp, kinds)
-        const, moments = (
-            (None, ())  # a traced profile replays the whole step (``traced_device``)
-            if isinstance(c.profile, TracedProfile)
-            else eager_moments(c, sp, kinds, layout, acts, layer_work)
-        )
+        key = (layers.start, layers.stop, i == 0, i == last)
+        kind = table.get(key)
+        if kind is None:
+            if len(table) >= 4096:
+                table.clear()
+            kind = table[key] = _stage_kind(cache, layout, layers, i)
+        sp, terms, acts, work, const, moments = kind
         stages.append(PreparedStage(i, layers, sp, terms, acts, work, tail, const, moments))
     return [
         _device(m, rank, tuple(stages[j] for j in held))
         for rank, held in enumerate(placement(layout))
     ]
+
+
+_Kind = tuple[
+    StageParams,
+    Mapping[Recompute, tuple[Term, ...]],
+    dict[Recompute, int],
+    dict[Recompute, int],
+    dict[Recompute, int] | None,
+    tuple[Moment, ...],
+]
+
+
+@lru_cache(maxsize=64)
+def _stage_kinds(c: Ctx) -> tuple[dict[tuple[int, int, bool, bool], _Kind], ContextTerms]:
+    """The stages met under one context, by (first layer, end, first stage, last stage): what
+    a stage holds and keeps depends on nothing else (the context fixes the model, TP, EP, the
+    convention and the resolved settings), so layouts that share a stage share its kind, and
+    the context is hashed once per ``prepare``. Callers must not mutate the entries."""
+    return {}, ContextTerms(c)
+
+
+def _stage_kind(cache: ContextTerms, layout: Layout, layers: range, i: int) -> _Kind:
+    c = cache.c
+    r, m = c.r, c.m
+    assert r is not None  # ``make_ctx`` sets it; not input validation
+    pad = r.framework in ("megatron", "deepseek")
+    sp = stage_params(m, layout, c.conv, layers, i, r.mtp, pad)
+    kinds = _kinds(m)[layers.start : layers.stop]
+    terms, acts, work = cache.stage(sp, kinds)
+    const, moments = (
+        (None, ())  # a traced profile replays the whole step (``traced_device``)
+        if isinstance(c.profile, TracedProfile)
+        else eager_moments(c, sp, kinds, layout, acts, layer_work)
+    )
+    return sp, terms, acts, work, const, moments
 
 
 def _device(m: ModelSpec, rank: int, own: tuple[PreparedStage, ...]) -> PreparedDevice:
@@ -280,8 +216,19 @@ def device_in_flight(
         counts = held_counts(layout, dev.index, held, m)
         return sum(n * st.acts[rc] for n, st in zip(counts, dev.stages, strict=True)), counts
     best, at = -1, tuple[int, ...]()
+    acts = [st.acts[rc] for st in dev.stages]
     for state in interleaved_states(layout, dev.index, m):
-        total = sum(n * st.acts[rc] for n, st in zip(state, dev.stages, strict=True))
+        total = sum(map(mul, state, acts))  # the chunks' counts times their bytes
         if total > best:
             best, at = total, state
     return best, at
+
+
+def in_flight_levels(dev: PreparedDevice, layout: Layout, m: int) -> dict[Recompute, int]:
+    """``device_in_flight``'s bytes at every recompute level (the counts found once when they
+    do not depend on the level: every schedule but interleaving)."""
+    if layout.schedule == "interleaved" and layout.pp > 1:
+        return {rc: device_in_flight(dev, layout, rc, m)[0] for rc in RECOMPUTE_LEVELS}
+    counts = held_counts(layout, dev.index, tuple(st.index for st in dev.stages), m)
+    held = list(zip(counts, dev.stages, strict=True))
+    return {rc: sum(n * st.acts[rc] for n, st in held) for rc in RECOMPUTE_LEVELS}

@@ -21,9 +21,9 @@ with 20 of the 132 SMs kept for the communication kernels throughout (sec. 3.2.2
 compute runs ``comm_sm_fraction`` slower whenever there is traffic to hide.
 
 Everything that does not depend on (b, m, ZeRO, offload) is folded into ``LayoutCost`` once per
-layout (here), and everything but (b, m) into ``CostCurve`` once per (ZeRO, offload, recompute)
-(``curve.py``), so the planner's inner loop stays a few float operations per config
-(``curve.cost_at``). The constants and
+layout (``fold.py``: the device that sets the pace, each recompute level on it), and everything
+but (b, m) into ``CostCurve`` once per (ZeRO, offload, recompute) (``curve.py``), so the
+planner's inner loop stays a few float operations per config (``curve.cost_at``). The constants and
 their sources are in ``CostModel``; docs/step-time.md has the derivations and the validation.
 """
 
@@ -33,11 +33,8 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dssup.memory.comm import Links, SeqComm, dp_bytes, links, seq_comm
-from dssup.memory.config import RECOMPUTE_LEVELS, Layout, Precision, Recompute
-from dssup.memory.flops import DeviceWork, device_work
-from dssup.memory.spec import ModelSpec
-from dssup.memory.topology import Topology
+from dssup.memory.comm import Links
+from dssup.memory.config import Layout, Recompute
 
 __all__ = [
     "DEFAULT_RECOMPUTE",
@@ -45,9 +42,9 @@ __all__ = [
     "CostModel",
     "LayoutCost",
     "RcPart",
+    "RcRaw",
     "RecomputeSpec",
     "bubble",
-    "layout_cost",
     "tp_overlap",
     "with_memory_bound",
 ]
@@ -216,91 +213,6 @@ class LayoutCost(NamedTuple):
     lk: Links
 
 
-def layout_cost(
-    cm: CostModel,
-    topo: Topology,
-    m: ModelSpec,
-    layout: Layout,
-    seq: int,
-    act_bytes_per_seq: int,
-    dense_params: int,
-    expert_params: int,
-    precision: Precision,
-    imbalance: float = 1.0,
-    recompute: RecomputeSpec = DEFAULT_RECOMPUTE,
-    framework: str = "megatron",
-) -> LayoutCost:
-    """Fold everything that depends only on the layout (``act_bytes_per_seq``: the stored
-    activations of the largest device at b = 1, from the memory model). The slowest device sets
-    the pace: the one with the most compute, MoE token handling and layer traffic (an even
-    split that leaves the last stage one layer and the head can make the head's stage lighter
-    than the others)."""
-    works = device_work(m, layout, seq, imbalance)
-    lk = links(topo, layout, cm.nvlink_efficiency, cm.nic_efficiency)
-    fp8 = cm.compute_dtype == "fp8" and topo.fp8_flops is not None
-    gemm_rate = topo.bf16_flops * cm.gemm_efficiency
-    if fp8 and topo.fp8_flops is not None:
-        gemm_rate = topo.fp8_flops * cm.fp8_gemm_efficiency
-    core_rate = topo.bf16_flops * cm.attention_efficiency
-    dedup = _dedup(m, lk) if cm.ep_dispatch == "dedup" else 1.0
-    act = precision.activations if precision.activations < 4 else 2
-    slot_s = m.hidden * cm.moe_slot_seconds
-    rates = (gemm_rate, core_rate, slot_s)
-    w, comm = _slowest(m, layout, works, seq, lk, (act, 1 if fp8 else act, dedup), rates)
-    moe = w.slots * slot_s
-    dual = layout.schedule == "dualpipe" and layout.pp > 1
-    sm = cm.comm_sm_fraction
-    hide = (tp_overlap(cm, framework), 0.0, cm.cp_overlap, cm.pp_overlap)
-    modules, method, n_layers = recompute
-    chunks = layout.vpp if layout.schedule == "interleaved" else 1
-    per_chunk = w.layers / chunks if w.layers else 1.0
-    full = 1.0 if method == "uniform" else min(1.0, n_layers / per_chunk)
-    g_none, c_none = w.fwd_bwd("none")
-    g0, c0 = g_none / gemm_rate, c_none / core_rate
-    raw: dict[Recompute, RcRaw] = {}
-    for rc in RECOMPUTE_LEVELS:
-        g, c = w.fwd_bwd(rc, modules, full)
-        gemm, core = g / gemm_rate, c / core_rate
-        traffic = (comm.tp[rc], comm.ep[rc], comm.cp[rc], comm.pp)
-        shown = [(t, h) for t, h in zip(traffic, hide, strict=True)]
-        overlapped = 0.0  # traffic that rides another micro-batch's compute
-        if dual:  # DualPipe: EP and PP ride its overlapped forward/backward chunks
-            shown[1], shown[3] = (0.0, 0.0), (0.0, 0.0)
-            overlapped = traffic[1] + traffic[3]
-        elif cm.ep_overlap:  # the all-to-all of one micro-batch behind another's compute
-            shown[1] = (0.0, 0.0)
-            overlapped = traffic[1]
-        exposed = sum(t * (1 - h) + sm * t * h for t, h in shown)
-        extra = max(0.0, gemm + core - g0 - c0)
-        raw[rc] = RcRaw(gemm, core, exposed, overlapped, extra, traffic)
-    gb, wb = precision.gradients, precision.weights
-    zero_parts = {}
-    bw_d, bw_e = lk.dp.bytes_per_s, lk.edp.bytes_per_s
-    for z in (0, 1, 2, 3):
-        dense = dp_bytes(layout.dp * layout.cp, dense_params, z, gb, wb)
-        expert = dp_bytes(layout.edp, expert_params, z, gb, wb)
-        g, p, gm, pm = (d / bw_d + e / bw_e for d, e in zip(dense, expert, strict=True))
-        zero_parts[z] = (g, p, gm, pm)
-    params = dense_params + expert_params
-    # A micro-batch crosses one of the two stages a DualPipe device holds: it reads half the
-    # device's weights (the work in ``device_work`` is the mean of the two stages likewise).
-    read = params / 2 if dual else params
-    folded = LayoutCost(
-        rc={},
-        raw=raw,
-        none=(g0, c0, moe),
-        zero=zero_parts,
-        weight_reads=3 * read * (1 if fp8 else wb) / topo.hbm_bytes_per_s,
-        bubble=bubble(layout),
-        params=params,
-        hbm=topo.hbm_bytes_per_s,
-        host=topo.host_bytes_per_s,
-        cores_per_gpu=topo.cores_per_gpu,
-        lk=lk,
-    )
-    return with_memory_bound(folded, cm.elementwise_passes * act_bytes_per_seq / folded.hbm)
-
-
 def with_memory_bound(lc: LayoutCost, elem: float) -> LayoutCost:
     """``lc`` with ``elem`` seconds of memory-bound kernels per sequence (the activations the
     memory model stores, ``elementwise_passes`` times over HBM): ``layout_cost``'s last step,
@@ -319,43 +231,6 @@ def with_memory_bound(lc: LayoutCost, elem: float) -> LayoutCost:
             traffic=x.traffic,
         )
     return lc._replace(rc=rc_parts)
-
-
-def _slowest(
-    m: ModelSpec,
-    layout: Layout,
-    works: tuple[DeviceWork, ...],
-    seq: int,
-    lk: Links,
-    sizes: tuple[int, int, float],
-    rates: tuple[float, float, float],
-) -> tuple[DeviceWork, SeqComm]:
-    """The device that sets the pace, by compute, MoE token handling and layer traffic, and
-    its traffic (devices of the same make-up share the traffic computation)."""
-    gemm_rate, core_rate, slot_s = rates
-    seen: dict[tuple[float, float, float], SeqComm] = {}
-    best: tuple[float, DeviceWork, SeqComm] | None = None
-    for x in works:
-        key = (x.layers, x.moe_layers, x.slots)
-        c = seen.get(key)
-        if c is None:
-            c = seen[key] = seq_comm(m, layout, x, seq, lk, *sizes)
-        pace = x.gemm / gemm_rate + x.core / core_rate + x.slots * slot_s
-        pace += c.tp["none"] + c.ep["none"]
-        if best is None or pace > best[0]:
-            best = (pace, x, c)
-    assert best is not None  # a layout has at least one device
-    return best[1], best[2]
-
-
-def _dedup(m: ModelSpec, lk: Links) -> float:
-    """Cross-node copies per token with one copy per node, relative to one per expert: with
-    ``k`` experts spread uniformly over ``N`` nodes a token reaches ``(N-1)(1-(1-1/N)^k)``
-    other nodes on average instead of sending ``k(1-1/N)`` copies."""
-    if m.moe is None or lk.ep.intra:
-        return 1.0
-    n, k = lk.ep.nodes, m.moe.top_k
-    return (n - 1) * (1 - (1 - 1 / n) ** k) / (k * (1 - 1 / n))
 
 
 def bubble(layout: Layout) -> float:

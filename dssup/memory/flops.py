@@ -21,9 +21,11 @@ the FlashAttention-2 paper's count, arXiv 2307.08691 sec. 3.2):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
+from operator import attrgetter
 
 from dssup.memory.config import Layout, Recompute
+from dssup.memory.memo import ModelMemo
 from dssup.memory.spec import ModelSpec
 from dssup.memory.stages import moe_layers_in, padded_vocab, partition
 
@@ -168,64 +170,51 @@ def device_work(
         return hit[1]
     if len(_WORK) > 4096:
         _WORK.clear()
-    works = _device_work(
-        m, lay.tp, lay.cp, lay.sp, lay.pp, lay.vpp, lay.schedule, lay.layers_per_stage, seq,
-        imbalance,
-    )  # fmt: skip
+    works = _device_work(m, lay, seq, imbalance)
     _WORK[key] = (m, works)
     return works
 
 
 def _device_work(
-    m: ModelSpec,
-    tp: int,
-    cp: int,
-    sp: bool,
-    pp: int,
-    vpp: int,
-    schedule: str,
-    split: tuple[int, ...] | None,
-    seq: int,
-    imbalance: float,
+    m: ModelSpec, layout: Layout, seq: int, imbalance: float
 ) -> tuple[DeviceWork, ...]:
-    layout = Layout(
-        tp=tp,
-        cp=cp,
-        sp=sp,
-        pp=pp,
-        vpp=vpp,
-        schedule=schedule,
-        layers_per_stage=split,
-    )
+    """``device_work`` of ``layout``: reads only the fields of its cache key."""
+    tp, cp, sp, pp, schedule = layout.tp, layout.cp, layout.sp, layout.pp, layout.schedule
     tokens = seq / cp
     dense = layer_work(m, tp, cp, sp, seq, False)
     moe = layer_work(m, tp, cp, sp, seq, True, imbalance)
-    stages = [
-        _stage(m, layout, r, first, last, dense, moe, tokens)
-        for r, first, last in _stage_layers(m, layout)
-    ]
-    out = []
+    stages: list[DeviceWork] = []
+    for r, _, last in _stage_layers(m, layout):
+        n_moe = moe_layers_in(m, r)
+        held = (n_moe, len(r) - n_moe, last)
+        make = partial(_stage, m, layout, *held, dense, moe, tokens)
+        stages.append(_STAGES.get(m, (tp, cp, sp, seq, imbalance, *held), make))
+    out: list[DeviceWork] = []
     for rank in range(pp):
         if schedule == "dualpipe":
-            own = [stages[rank], stages[pp - 1 - rank]]
-            out.append(_merge(own, 0.5))
+            mirror = pp - 1 - rank
+            if mirror < rank:  # the mirror rank's two stages: a + b is b + a, one object
+                out.append(out[mirror])
+                continue
+            out.append(_merge([stages[rank], stages[mirror]], 0.5))
         else:
             out.append(_merge(stages[rank::pp], 1.0))
     return tuple(out)
 
 
+_STAGES = ModelMemo(4096)  # a stage's work by what it holds: layouts share most stages
+
+
 def _stage(
     m: ModelSpec,
     layout: Layout,
-    layers: range,
-    first: bool,
+    n_moe: int,
+    n_dense: int,
     last: bool,
     dense: LayerWork,
     moe: LayerWork,
     tokens: float,
 ) -> DeviceWork:
-    n_moe = moe_layers_in(m, layers)
-    n_dense = len(layers) - n_moe
     blocks = [(dense, float(n_dense)), (moe, float(n_moe))]
     if last and m.mtp_depth:  # each MTP module: a [2h -> h] projection and one more layer
         blocks.append((moe if m.moe is not None else dense, float(m.mtp_depth)))
@@ -261,7 +250,11 @@ def head_flops(m: ModelSpec, layout: Layout) -> float:
 
 
 def _merge(parts: list[DeviceWork], scale: float) -> DeviceWork:
-    def add(field: str) -> float:
-        return scale * sum(float(getattr(p, field)) for p in parts)
+    """The work of a device holding ``parts`` (each field summed in order, times ``scale``)."""
+    if len(parts) == 1 and scale == 1.0:  # 1.0 * (0 + x) is x
+        return parts[0]
+    columns = zip(*map(_FIELDS, parts), strict=True)
+    return DeviceWork(*(scale * sum(col) for col in columns))
 
-    return DeviceWork(*(add(f) for f in DeviceWork.__dataclass_fields__))
+
+_FIELDS = attrgetter(*DeviceWork.__dataclass_fields__)

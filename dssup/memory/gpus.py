@@ -20,7 +20,13 @@ import math
 import re
 
 from dssup.errors import ConfigError
-from dssup.memory.capacity import driver_reserve_fraction, usable_bytes, usable_note
+from dssup.memory.capacity import (
+    cuda_bytes,
+    cuda_note,
+    driver_reserve_fraction,
+    usable_bytes,
+    usable_note,
+)
 from dssup.memory.gpu_spec import GpuSpec, ReferenceSystem
 from dssup.memory.gpu_table import GPU_TABLE
 from dssup.memory.sizes import SIZE_HINT, UNIT_HINT, parse_bytes, parse_quantity, positive
@@ -32,6 +38,7 @@ __all__ = [
     "MIG_MEMORY_FRACTION",
     "GpuSpec",
     "ReferenceSystem",
+    "cuda_memory_of",
     "find_gpu",
     "gpu_for_product",
     "mig_memory_mib",
@@ -112,6 +119,14 @@ def usable_memory(spec: GpuSpec) -> int:
     """Bytes CUDA can allocate on ``spec`` (``capacity.usable_bytes``): what a fit is judged
     against."""
     return usable_bytes(spec, DRIVER_RESERVE)
+
+
+def cuda_memory_of(total_bytes: int, product: str) -> tuple[int, str]:
+    """Bytes CUDA can allocate of a GPU ``product`` (a node label value) whose driver total is
+    ``total_bytes`` (GFD's label, or the table's), and how the driver's share was found: the
+    one rule ``usable_memory`` follows (``capacity.cuda_bytes``), for the webhook."""
+    spec = gpu_for_product(product)
+    return cuda_bytes(total_bytes, spec, DRIVER_RESERVE), cuda_note(spec, DRIVER_RESERVE)
 
 
 def usable_memory_note(spec: GpuSpec) -> str:

@@ -20,21 +20,35 @@ T = TypeVar("T")
 
 
 class ModelMemo:
-    """One cache table: ``get(m, key, make)`` is ``make()``, computed once per (model, key)."""
+    """One cache table: ``get(m, key, make)`` is ``make()``, computed once per (model, key).
+    Entries are kept per model object (the model alive with them), so a lookup is two dict
+    reads and an entry costs its key and value only."""
 
-    __slots__ = ("size", "table")
+    __slots__ = ("count", "size", "tables")
 
     def __init__(self, size: int = 8192) -> None:
         self.size = size
-        self.table: dict[tuple[int, Hashable], tuple[ModelSpec, object]] = {}
+        self.count = 0
+        self.tables: dict[int, tuple[ModelSpec, dict[Hashable, object]]] = {}
 
     def get(self, m: ModelSpec, key: Hashable, make: Callable[[], T]) -> T:
-        k = (id(m), key)
-        hit = self.table.get(k)
-        if hit is not None:
-            return hit[1]  # type: ignore[return-value]
-        if len(self.table) >= self.size:
-            self.table.clear()
+        held = self.tables.get(id(m))
+        if held is not None and held[0] is m:
+            table = held[1]
+            hit = table.get(key, _MISS)
+            if hit is not _MISS:
+                return hit  # type: ignore[return-value]
+        else:
+            table = {}
+            self.tables[id(m)] = (m, table)
+        if self.count >= self.size:  # cleared whole once past its size
+            table = {}
+            self.tables = {id(m): (m, table)}
+            self.count = 0
         value = make()
-        self.table[k] = (m, value)
+        table[key] = value
+        self.count += 1
         return value
+
+
+_MISS = object()

@@ -224,15 +224,15 @@ def _sweep_bases(bases: list[tuple[Search, list[_Split]]], kept: Kept[KeptRow], 
     order = []
     for i, (sr, group) in enumerate(bases):
         lbs = [sr.lower_bound(layout, micro) for layout, micro in group]
-        order.append((min(lb for lb, _ in lbs), i, sr, list(zip(lbs, group, strict=True))))
+        order.append((min(lbs), i, sr, list(zip(lbs, group, strict=True))))
     order.sort(key=lambda x: x[:2])
     swept = 0
     for lb, _, sr, splits in order:
         if lb >= kept.threshold:  # every later base's bound is at least as high
             break
-        for (split_lb, lc), (layout, micro) in splits:
+        for split_lb, (layout, micro) in splits:
             if split_lb < kept.threshold:
-                swept += sr.layout(layout, micro, lc)
+                swept += sr.layout(layout, micro, True)
         sr.flush()
     return sum(len(group) for _, group in bases) - swept
 

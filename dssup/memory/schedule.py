@@ -27,7 +27,14 @@ from functools import lru_cache
 from dssup.errors import ConfigError
 from dssup.memory.config import Layout
 
-__all__ = ["accumulation_rule", "check_micro_batches", "held_counts", "interleaved_states"]
+__all__ = [
+    "accumulation_rule",
+    "check_micro_batches",
+    "held_counts",
+    "interleaved_states",
+    "rank_states",
+    "steady_m",
+]
 
 
 def accumulation_rule(layout: Layout, m: int) -> int:
@@ -87,7 +94,29 @@ def held_counts(layout: Layout, rank: int, stages: tuple[int, ...], m: int) -> t
 def interleaved_states(layout: Layout, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
     """Distinct per-chunk alive counts along rank ``rank``'s interleaved schedule, after each
     forward (the moments a peak can happen); chunk c is virtual stage c*pp + rank."""
-    return _states(layout.pp, layout.vpp, layout.vpp_group or layout.pp, m, rank)
+    return rank_states(layout.pp, layout.vpp, layout.vpp_group or layout.pp, rank, m)
+
+
+def rank_states(pp: int, vpp: int, group: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """``interleaved_states`` by the schedule's numbers (``group``: micro-batches per virtual
+    stage at a time)."""
+    return _states(pp, vpp, group, steady_m(pp, vpp, group, m, rank), rank)
+
+
+def steady_m(pp: int, vpp: int, group: int, m: int, rank: int) -> int:
+    """The least accumulation count whose states are ``m``'s (``m`` itself if none is less).
+
+    With ``m`` a multiple of ``group`` the forwards take the chunks in a period of
+    ``P = group * vpp`` (``_chunk_table``), and each period runs every chunk ``group`` times
+    forward and backward: the alive counts after forward ``k + W`` repeat with period P. Once
+    ``m * vpp >= W + P`` the walk records every state of one period before any repeats, in the
+    same order, so every such ``m`` has the states -- the same tuple -- of the least one."""
+    if m % group:
+        return m
+    warmup = 2 * (pp - rank - 1) + (vpp - 1) * group
+    least = -(-(warmup + group * vpp) // vpp)  # m * vpp >= W + P
+    least = -(-least // group) * group  # a multiple of group
+    return min(m, least)
 
 
 @lru_cache(maxsize=4096)
@@ -95,17 +124,17 @@ def _states(pp: int, vpp: int, group: int, m: int, rank: int) -> tuple[tuple[int
     total = m * vpp
     chunk = _chunk_table(m, vpp, group)
     warmup = min(2 * (pp - rank - 1) + (vpp - 1) * group, total)
-    fwd = [0] * vpp
+    alive = [0] * vpp  # forwards run less backwards run, per chunk
     for k in range(warmup):
-        fwd[chunk[k]] += 1
-    bwd = [0] * vpp
+        alive[chunk[k]] += 1
     seen: dict[tuple[int, ...], None] = {}
     if warmup == total:  # everything runs forward before the first backward
-        seen[tuple(fwd)] = None
+        seen[tuple(alive)] = None
+    last = vpp - 1
     for k in range(total - warmup):
-        fwd[chunk[k + warmup]] += 1
-        seen[tuple(f - b for f, b in zip(fwd, bwd, strict=True))] = None
-        bwd[vpp - 1 - chunk[k]] += 1
+        alive[chunk[k + warmup]] += 1
+        seen[tuple(alive)] = None
+        alive[last - chunk[k]] -= 1
     return _maximal(tuple(seen))
 
 
@@ -120,9 +149,15 @@ def _chunk_table(m: int, vpp: int, group: int) -> list[int]:
 
 
 def _maximal(states: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
-    """Drop states another state dominates in every chunk (they can never be the peak)."""
+    """Drop states another state dominates in every chunk (they can never be the peak). The
+    states are distinct, so a state that dominates another has a larger total: only those are
+    compared."""
+    totals = [sum(s) for s in states]
     keep = []
-    for s in states:
-        if not any(o != s and all(a >= b for a, b in zip(o, s, strict=True)) for o in states):
+    for s, n in zip(states, totals, strict=True):
+        if not any(
+            t > n and all(a >= b for a, b in zip(o, s, strict=True))
+            for o, t in zip(states, totals, strict=True)
+        ):
             keep.append(s)
     return tuple(keep)

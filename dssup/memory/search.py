@@ -13,7 +13,14 @@ from __future__ import annotations
 import math
 
 from dssup.errors import ConfigError
-from dssup.memory.bound import Kept, bound_fold, device_params, lower_bound
+from dssup.memory.bound import (
+    FoldArgs,
+    Kept,
+    bound_fold,
+    fold_params,
+    layout_bound,
+    lower_bound,
+)
 from dssup.memory.capacity import band, budget
 from dssup.memory.config import (
     RECOMPUTE_LEVELS,
@@ -22,11 +29,12 @@ from dssup.memory.config import (
     Recompute,
     Training,
 )
-from dssup.memory.core import PreparedDevice, States, device_in_flight, prepare, states, tails
+from dssup.memory.core import PreparedDevice, States, in_flight_levels, prepare, states, tails
 from dssup.memory.cost import LayoutCost, with_memory_bound
 from dssup.memory.curve import CostCurve, cost_at, cost_curve, cost_terms, traffic
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.offload import host_states, with_overhead
+from dssup.memory.params import Split
 from dssup.memory.plan_types import Candidate, PlanRequest
 from dssup.memory.schedule import accumulation_rule
 from dssup.memory.steptime import fold_layout, recompute_spec, stored_per_sequence
@@ -73,7 +81,7 @@ def _dual_kind(
     working sets, constants and which edge stages it holds (eager moments: every rank)."""
     if any(st.moments for st in dev.stages):
         return (dev.index,)
-    by_rc = {rc: device_in_flight(dev, layout, rc, 2 * layout.pp)[0] for rc in RECOMPUTE_LEVELS}
+    by_rc = in_flight_levels(dev, layout, 2 * layout.pp)
     if dual is not None:
         dual[id(dev)] = by_rc
     acts = tuple(by_rc.values())
@@ -255,20 +263,18 @@ class Search:
             return None
         return micro
 
-    def lower_bound(self, layout: Layout, micro: list[int]) -> tuple[float, LayoutCost]:
-        """Seconds no config of ``layout`` can beat, and the fold it came from (``bound.py``)."""
-        req = self.req
-        lc = bound_fold(
-            req.cost,
-            self.topo,
-            req.model,
-            layout,
-            req.training.seq_len,
-            req.convention,
-            self.r,
-            req.training.moe_imbalance,
+    def lower_bound(self, layout: Layout, micro: list[int]) -> float:
+        """Seconds no config of ``layout`` can beat (``bound.py``)."""
+        return lower_bound(
+            layout_bound(self._fold(layout)), micro, self.req.global_batch // layout.dp
         )
-        return lower_bound(lc, req.cost, micro, req.global_batch // layout.dp), lc
+
+    def _fold(self, layout: Layout) -> FoldArgs:
+        req, t = self.req, self.req.training
+        return FoldArgs(
+            req.cost, self.topo, req.model, layout, t.seq_len, req.convention, self.r,
+            t.moe_imbalance,
+        )  # fmt: skip
 
     def _choices(
         self, layout: Layout, lb: LayoutCost | None, micro: list[int], rows: int
@@ -284,25 +290,27 @@ class Search:
         if lb is None:
             return out
         t, cm, prec = self.kept.threshold, self.req.cost, self.r.precision
-        return [
-            (z, o, p)
-            for z, o, p in out
-            if min(
-                cost_at(cost_curve(cm, lb, "none", z, o, p, 0, prec), b, rows // b) for b in micro
-            )
-            < t
-            and self._states_fit(layout, z, o, p)
-        ]
+        split = fold_params(self._fold(layout))
+        kept = []
+        for z, o, p in out:
+            if not self._states_fit(layout, split, z, o, p):
+                continue
+            curve = cost_curve(cm, lb, "none", z, o, p, 0, prec)
+            if any(cost_at(curve, b, rows // b) < t for b in micro):
+                kept.append((z, o, p))
+        return kept
 
-    def _states_fit(self, layout: Layout, zero: int, off_opt: bool, off_par: bool) -> bool:
+    def _states_fit(
+        self, layout: Layout, split: Split, zero: int, off_opt: bool, off_par: bool
+    ) -> bool:
         """Whether the model states of the device holding the most parameters, with the
         buffers, fit at all under one (ZeRO, offload) choice: every config of it needs at least
         that (activations, working sets and transients only add), so a choice that fails this
-        is decided without the memory model's sweep (a traced profile has its own states)."""
+        is decided without the memory model's sweep (a traced profile has its own states).
+        ``split``: the parameters of that device (``bound.fold_params``)."""
         req, r = self.req, self.r
         if req.training.implementation is not None:
             return True
-        split = device_params(req.model, layout, req.convention, r)
         frameworks = req.convention != "paper"
         dp = layout.dp * (layout.cp if req.convention == "megatron" else 1)
         ms = model_states(
@@ -320,12 +328,13 @@ class Search:
         least = ms.weights + grads + ms.optimizer + r.comm_buffer_bytes
         return least + math.ceil(least * self.frag) + self.extra <= self.budget
 
-    def layout(self, layout: Layout, micro: list[int], lb: LayoutCost | None = None) -> bool:
-        """Sweep every config of one runnable layout (``runnable`` gave ``micro``); bounded
-        (``lb`` its ``bound_fold``), only the (ZeRO, offload) choices that can reach the kept
-        rows. False: nothing was left to sweep."""
+    def layout(self, layout: Layout, micro: list[int], bounded: bool = False) -> bool:
+        """Sweep every config of one runnable layout (``runnable`` gave ``micro``); bounded,
+        only the (ZeRO, offload) choices that can reach the kept rows (by the layout's
+        ``bound_fold``). False: nothing was left to sweep."""
         req, r = self.req, self.r
         rows = req.global_batch // layout.dp
+        lb = bound_fold(self._fold(layout)) if bounded else None
         choices = self._choices(layout, lb, micro, rows)
         if not choices:
             return False
@@ -351,25 +360,20 @@ class Search:
                 self._configs(layout, groups, lc, knobs, part, rows)
         return True
 
-    def _fastest(
+    def _reaches(
         self,
         layout: Layout,
         lc: _Lazy,
-        zero: int,
-        off_opt: bool,
-        off_par: bool,
-        shard: int,
+        choice: tuple[int, bool, bool, int],
+        rc: Recompute,
         micro: list[int],
         rows: int,
-        levels: tuple[Recompute, ...] | None = None,
-    ) -> float:
-        """The least step time of a (ZeRO, offload) choice over ``levels`` and micro-batches,
-        by the step-time model alone (memory not asked)."""
-        return min(
-            cost_at(self._curve(layout, lc, rc, zero, off_opt, off_par, shard), b, rows // b)
-            for rc in (levels or self.levels)
-            for b in micro
-        )
+    ) -> bool:
+        """Whether a config of one (ZeRO, offload, recompute) choice is faster than the kept
+        rows' slowest, by the step-time model alone (memory not asked)."""
+        curve = self._curve(layout, lc, rc, *choice)
+        t = self.kept.threshold
+        return any(cost_at(curve, b, rows // b) < t for b in micro)
 
     def _configs(
         self,
@@ -387,12 +391,7 @@ class Search:
         key = (zero, off_opt, off_par, max(g.shard for g in rows_st))
         levels = self.levels
         if self.req.bound:  # the levels that can still reach the kept rows
-            t = self.kept.threshold
-            levels = tuple(
-                rc
-                for rc in levels
-                if self._fastest(layout, lc, zero, off_opt, off_par, key[3], micro, rows, (rc,)) < t
-            )
+            levels = tuple(rc for rc in levels if self._reaches(layout, lc, key, rc, micro, rows))
             if not levels:
                 return
         # Probe the least memory-hungry config (most recompute, smallest micro-batch):
@@ -567,9 +566,7 @@ class Search:
             if sched == "dualpipe" and pp > 1:  # fixed counts: PP - j for each held stage j
                 dual = self._dual.get(id(g))
                 if dual is None:
-                    dual = {
-                        rc: device_in_flight(g, layout, rc, 2 * pp)[0] for rc in RECOMPUTE_LEVELS
-                    }
+                    dual = in_flight_levels(g, layout, 2 * pp)
                     self._dual[id(g)] = dual
                 acts, fixed = dual, 1
             elif sched == "interleaved" and pp > 1:

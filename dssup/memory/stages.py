@@ -13,6 +13,8 @@ With interleaving there are pp*vpp (virtual) stages; ``placement`` says which a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from dssup.memory.config import Convention, Layout
 from dssup.memory.memo import ModelMemo
@@ -30,7 +32,9 @@ from dssup.memory.params import (
 from dssup.memory.spec import ModelSpec
 
 __all__ = [
+    "StageKind",
     "StageParams",
+    "kind_params",
     "layer_params",
     "padded_vocab",
     "partition",
@@ -111,11 +115,18 @@ def layer_params(m: ModelSpec, layout: Layout, conv: Convention, is_moe: bool) -
 def _layer_cached(
     m: ModelSpec, tp: int, ep: int, etp: int, conv: Convention, is_moe: bool
 ) -> Split:
-    layout = Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
+    layout = _split_layout(tp, ep, etp)
     base = Split(non_moe=norm_params(m) + attention_params(m, layout.tp, conv))
     if is_moe:
         return base + moe_params(m, layout, conv)
     return base + Split(non_moe=mlp_params(m, layout.tp))
+
+
+@lru_cache(maxsize=256)
+def _split_layout(tp: int, ep: int, etp: int) -> Layout:
+    """The layout the parameter formulas read (TP, EP, ETP), built once per split: a
+    validated ``Layout`` costs more than the arithmetic it feeds."""
+    return Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
 
 
 def moe_layers_in(m: ModelSpec, layers: range) -> int:
@@ -144,35 +155,37 @@ def stage_params(
     training code builds the model's MTP modules (megatron convention only); ``pad``: whether
     it pads the vocabulary (Megatron does)."""
     moe = moe_layers_in(m, layers)
-    key = (
-        layout.tp,
-        layout.ep,
-        layout.etp,
-        conv,
-        moe,
-        len(layers) - moe,
-        stage == 0,
-        stage == layout.stages - 1,
-        mtp,
-        pad,
-    )
-    return _STAGES.get(m, key, lambda: _stage_params(m, *key))
+    first, last = stage == 0, stage == layout.stages - 1
+    lay = layout
+    kind = StageKind(lay.tp, lay.ep, lay.etp, conv, moe, len(layers) - moe, first, last, mtp, pad)
+    return kind_params(m, kind)
 
 
-def _stage_params(
-    m: ModelSpec,
-    tp: int,
-    ep: int,
-    etp: int,
-    conv: Convention,
-    moe_layers: int,
-    dense_layers: int,
-    first: bool,
-    last: bool,
-    mtp: bool,
-    pad: bool,
-) -> StageParams:
-    layout = Layout(tp=tp, ep=ep, etp=etp, dp=ep * etp)
+class StageKind(NamedTuple):
+    """What one GPU of a stage holds, which is all its parameters depend on: the TP/EP/ETP
+    split, the convention, its MoE and dense layers, whether it is the first and/or last
+    stage (embedding, head), and whether MTP modules are built and the vocabulary padded."""
+
+    tp: int
+    ep: int
+    etp: int
+    conv: Convention
+    moe_layers: int
+    dense_layers: int
+    first: bool
+    last: bool
+    mtp: bool = True
+    pad: bool = True
+
+
+def kind_params(m: ModelSpec, kind: StageKind) -> StageParams:
+    """``stage_params`` of a stage given by what it holds (cached)."""
+    return _STAGES.get(m, kind, lambda: _stage_params(m, kind))
+
+
+def _stage_params(m: ModelSpec, kind: StageKind) -> StageParams:
+    tp, ep, etp, conv, moe_layers, dense_layers, first, last, mtp, pad = kind
+    layout = _split_layout(tp, ep, etp)
     total, largest = Split(), 0
     for is_moe, count in ((True, moe_layers), (False, dense_layers)):
         if count:

@@ -12,15 +12,10 @@ from collections.abc import Sequence
 
 from dssup.memory.config import Convention, Layout, Overheads, Precision, Training
 from dssup.memory.core import PreparedDevice, prepare, states
-from dssup.memory.cost import (
-    DEFAULT_RECOMPUTE,
-    CostModel,
-    LayoutCost,
-    RecomputeSpec,
-    layout_cost,
-)
+from dssup.memory.cost import DEFAULT_RECOMPUTE, CostModel, LayoutCost, RecomputeSpec
 from dssup.memory.curve import cost_curve, cost_terms
 from dssup.memory.defaults import Resolved, resolve
+from dssup.memory.fold import layout_cost
 from dssup.memory.spec import ModelSpec
 from dssup.memory.topology import Topology, default_topology
 from dssup.memory.validate import validate

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from dssup.memory.config import Layout, Recompute
 from dssup.memory.core import PreparedDevice, device_in_flight
-from dssup.memory.schedule import interleaved_states
+from dssup.memory.schedule import rank_states
 from dssup.memory.traced_stage import TracedStage
 
 __all__ = ["InFlight", "Row", "fit_prefix", "peak"]
@@ -57,13 +57,15 @@ def _shape_grows(
     """Every alive-chunk state at b, scaled by b, is covered chunk by chunk by a state at the
     next larger b scaled by that b: then ``b * in_flight_bytes`` grows with b for any
     non-negative per-chunk bytes."""
-    lay = Layout(pp=pp, vpp=vpp, vpp_group=group, schedule="interleaved", dp=1)
     prev: tuple[int, tuple[tuple[int, ...], ...]] | None = None
     for b in micro:
-        cur = (b, interleaved_states(lay, rank, rows // b))
+        cur = (b, rank_states(pp, vpp, group, rank, rows // b))
         if prev is not None:
             b1, low = prev
             b2, high = cur
+            if low == high:  # the same states (``schedule.steady_m``): each covers itself
+                prev = cur
+                continue
             for s in low:
                 if not any(all(b1 * x <= b2 * y for x, y in zip(s, t, strict=True)) for t in high):
                     return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dssup.memory.config import Convention, Recompute
 from dssup.memory.defaults import Resolved
@@ -107,10 +108,16 @@ def dropped(c: Ctx | None) -> frozenset[str]:
     """Groups selective recompute drops under ``c``."""
     if c is None or c.conv == "paper" or c.r is None:
         return PAPER_SELECTIVE
+    return _dropped(c.r.recompute_modules, c.deepseek)
+
+
+@lru_cache(maxsize=64)
+def _dropped(modules: frozenset[str], deepseek: bool) -> frozenset[str]:
+    """The groups of ``modules`` (cached: ``keep`` asks for every term of every stage)."""
     out: frozenset[str] = frozenset()
-    for module in c.r.recompute_modules:
+    for module in modules:
         out |= MODULE_GROUPS[module]
-        if c.deepseek:
+        if deepseek:
             out |= _DEEPSEEK_EXTRA.get(module, frozenset())
     return out
 

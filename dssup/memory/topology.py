@@ -15,6 +15,7 @@ experts) occupy consecutive GPUs and stay inside a node whenever they fit in one
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -113,7 +114,11 @@ def group_link(topo: Topology, size: int, stride: int, nic: float, nvlink: float
     hierarchical collective (NCCL's ring/tree over NVLink first) sends ``1/k`` of the data
     through each member's NIC, so the group sees ``min(NVLink, k x NIC)`` per GPU.
     """
-    g = topo.gpus_per_node
+    return _group_link(topo.gpus_per_node, size, stride, nic, nvlink)
+
+
+@lru_cache(maxsize=1024)
+def _group_link(g: int, size: int, stride: int, nic: float, nvlink: float) -> Link:
     span = size * stride
     if size == 1:
         return Link(1, 1, 1, nvlink, True)

@@ -5,8 +5,9 @@ estimated, and when the model predicted less than the failure shows (the bytes i
 failed request, or at least the whole device), the difference becomes
 ``Overheads.calibration_bytes`` for every later estimate. Then ``dssup.memory.plan`` searches the
 configs that keep the layout and the global batch, limited to the knobs some adapter can carry
-out (ZeRO and offload only with DeepSpeed), and the cheapest one that fits with the safety
-margin and has not failed before is proposed. After an OOM in the optimizer step only configs
+out (ZeRO and offload only with DeepSpeed), and the cheapest one that fits (``dssup.memory.
+capacity``: no margin unless the user asks for one) and has not failed before is proposed; a
+proposal within the memory model's uncertainty of the limit says so, with the band's source. After an OOM in the optimizer step only configs
 that change what the step holds (ZeRO stage, offload) qualify: the model's calibration shifts
 every config alike, so a smaller micro-batch would look as if it fitted while the failing
 allocation (optimizer states, gradient partitions) stays the same size.
@@ -28,6 +29,7 @@ from dssup.memory import (
 )
 from dssup.memory import estimate as estimate_memory
 from dssup.memory import plan as plan_memory
+from dssup.memory.capacity import DEFAULT_MARGIN, Band, margin_words, near_words
 from dssup.memory.topology import Topology
 from dssup.supervisor.adapters import RemedyContext
 from dssup.supervisor.models import Failure, FailureKind, Remedy, TrainingPlan
@@ -82,7 +84,7 @@ class ModelStep:
     layout: Layout
     base: Training
     gpu_memory_bytes: int
-    margin: float = 0.05
+    margin: float = DEFAULT_MARGIN  # extra fraction kept free (``dssup run --margin``)
     topology: Topology | None = None  # the GPU the step times are for; None: an H100 node
     calibration_bytes: int = 0
     name: str = "memory-model"
@@ -148,8 +150,11 @@ class ModelStep:
                 continue
             reason = (
                 f"memory model (calibrated +{calibration} B): {new.describe()} peaks at "
-                f"{cand.peak_bytes} B of {self.gpu_memory_bytes} B with a {self.margin:.0%} margin"
+                f"{cand.peak_bytes} B of {self.gpu_memory_bytes} B {margin_words(self.margin)}"
             )
+            if cand.near_limit and result.bands:
+                b = result.bands[0]
+                reason += f"; {near_words(Band(b.fraction, b.source))}"
             return Remedy(
                 step=self.name,
                 plan=new,
@@ -163,8 +168,8 @@ class ModelStep:
     def _nothing_fits(self, result: PlanResult, calibration: int) -> str:
         """The verdict in GiB: capacity, margin, calibration and the closest miss."""
         text = (
-            f"the memory model finds nothing that fits {_gib(self.gpu_memory_bytes)} GiB with a "
-            f"{self.margin:.0%} margin (calibrated +{_gib(calibration)} GiB from the failure)"
+            f"the memory model finds nothing that fits {_gib(self.gpu_memory_bytes)} GiB "
+            f"{margin_words(self.margin)} (calibrated +{_gib(calibration)} GiB from the failure)"
         )
         c = result.closest
         if c is not None:

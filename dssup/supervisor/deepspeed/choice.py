@@ -6,8 +6,10 @@ the rule that picked the winner. The rules, by the context available (``savings`
 
 * a model description: the peaks are shifted to what the failure showed (bytes in use plus
   the failed request), like the generic planner does; of the candidates predicted to fit the
-  device with the margin, the fastest by the planner's step time (``dssup.memory.step_time``,
-  the ranking ``dssup plan`` uses) wins, else the one with the largest predicted saving;
+  device (with the user's margin, none by default: ``dssup.memory.capacity``), the fastest by
+  the planner's step time (``dssup.memory.step_time``, the ranking ``dssup plan`` uses) wins,
+  its rule saying so when it is within the memory model's uncertainty of the limit; else the
+  one with the largest predicted saving;
 * the checkpoint's parameter count (optimizer, load and init failures): the free memory at the
   failure was short of the failed request by at most that request, so a candidate saving at
   least the request is predicted to fit; the cheapest such wins, else the largest saving (the
@@ -22,10 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dssup.memory.capacity import budget as capacity_budget
+from dssup.memory.capacity import near_limit, near_words
 from dssup.supervisor.deepspeed.savings import (
     MODEL_STATE_PHASES,
     MemoryContext,
     ParamContext,
+    predicted_band,
     predicted_peak,
     predicted_step_time,
     state_bytes,
@@ -73,7 +78,7 @@ def _by_model(failure: Failure, plan: TrainingPlan, options: Sequence[Option], m
     if now is None or not scored:
         return None
     shift = max(0, (_observed(failure) or 0) - now)
-    budget = int(mem.gpu_memory_bytes * (1 - mem.margin))
+    budget = capacity_budget(mem.gpu_memory_bytes, mem.margin)
     savings = [(o, now - p) for o, p in scored]
     lines = _listing(savings, lambda s: f" (peak {size(now + shift - s)})")
     src = f"memory model {mem.model.name}" + (
@@ -86,6 +91,9 @@ def _by_model(failure: Failure, plan: TrainingPlan, options: Sequence[Option], m
         (o, p), rule = fitting[0], f"the fastest predicted to fit {size(budget)}"
         if times[o.name] is not None:
             rule += f" (planner step time {times[o.name]:.3g} s)"
+        band = predicted_band(mem)
+        if band is not None and near_limit(p, mem.gpu_memory_bytes, band):
+            rule += f"; {near_words(band)}"
     else:
         o, p = min(((o, p + shift) for o, p in scored), key=lambda x: x[1])
         rule = f"nothing predicted to fit {size(budget)}; the largest saving"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dssup.errors import DssupError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
+from dssup.memory.capacity import DEFAULT_MARGIN, Band
 from dssup.memory.steptime import step_time
 from dssup.memory.topology import Topology
 from dssup.memory.zero import model_states
@@ -37,6 +38,7 @@ __all__ = [
     "MemoryContext",
     "ParamContext",
     "param_context",
+    "predicted_band",
     "predicted_peak",
     "predicted_step_time",
     "state_bytes",
@@ -54,7 +56,7 @@ class MemoryContext:
     base: Training  # seq_len, precision, ... (micro-batch and ZeRO come from the plan)
     gpu_memory_bytes: int
     overheads: Overheads | None = None
-    margin: float = 0.05
+    margin: float = DEFAULT_MARGIN  # extra fraction kept free (``dssup run --margin``)
     topology: Topology | None = None  # the GPU the planner's step times are for
 
 
@@ -93,6 +95,16 @@ def predicted_peak(mem: MemoryContext, plan: TrainingPlan, phase: str) -> int | 
         return estimate(mem.model, mem.layout, training, mem.overheads).peak_bytes
     except DssupError:
         return None
+
+
+def predicted_band(mem: MemoryContext) -> Band | None:
+    """The memory model's uncertainty band for the job's framework (``capacity.band``, as
+    ``estimate`` reports it); None when the memory model cannot evaluate the job."""
+    try:
+        est = estimate(mem.model, mem.layout, mem.base, mem.overheads)
+    except DssupError:
+        return None
+    return Band(est.uncertainty, est.uncertainty_source) if est.uncertainty is not None else None
 
 
 def predicted_step_time(mem: MemoryContext, plan: TrainingPlan) -> float | None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dssup.memory import GiB, Layout, Training, estimate, preset
+from dssup.memory.capacity import band
 from dssup.supervisor.adapters import RemedyContext
 from dssup.supervisor.deepspeed.choice import size
 from dssup.supervisor.deepspeed.ckpt_info import read_checkpoint
@@ -235,3 +237,21 @@ def test_parameter_count_comes_from_a_real_checkpoint(name: str, params: int | N
     found = param_context(read_checkpoint(fixtures / name))  # d_in 4, width 4, depth 1: 45
     assert (found and found.params) == params  # ZeRO-0 records no parameter shapes
     assert param_context(None) is None
+
+
+def test_an_option_near_the_limit_wins_and_its_rule_says_so() -> None:
+    """No default margin (capacity.py): on 46 GiB ZeRO-3 peaks at ~97 % of the GPU and is the
+    fastest that fits; a 5 % margin would have sent the job to parameter offload. The rule
+    names the memory model's band and its source; with room to spare it does not."""
+    b = band("megatron")
+    mem = _memory(46)
+    r = DeepSpeedStep(memory=mem).propose(oom("optimizer"), PLAN, ctx(PLAN))
+    assert r is not None and r.step == "deepspeed:zero-3" and r.predicted_peak_bytes is not None
+    assert r.predicted_peak_bytes > mem.gpu_memory_bytes * (1 - b.fraction)
+    assert "near the limit" in r.reason and b.source in r.reason
+    kept = DeepSpeedStep(memory=replace(mem, margin=0.05)).propose(
+        oom("optimizer"), PLAN, ctx(PLAN)
+    )
+    assert kept is not None and kept.step != "deepspeed:zero-3"
+    roomy = DeepSpeedStep(memory=_memory(60)).propose(oom("optimizer"), PLAN, ctx(PLAN))
+    assert roomy is not None and "near the limit" not in roomy.reason

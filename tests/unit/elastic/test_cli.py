@@ -59,3 +59,21 @@ def test_multi_node_run_needs_a_node_rank(tmp_path: Path) -> None:
         "run", "--global-batch-size", "8", "--shared-dir", str(tmp_path), "--", *cmd
     )
     assert code == 2 and "--node-rank" in err
+
+
+def test_rows_near_the_limit_say_so_and_the_capacity_is_an_assumption() -> None:
+    """``plan --nnodes``: a cheapest row within the memory model's uncertainty of the GPU is
+    marked, the band is named once with its source, and each GPU's capacity and the margin
+    (none) are printed as assumptions; with room to spare nothing is marked."""
+    one = ["--global-batch-size", "1024", "--nnodes", "4", "--nproc-per-node", "8"]
+    gpu = ["--model", "llama-3-8b", "--seq-len", "4096"]
+    code, out, _ = _run("plan", *one, *gpu, "--gpu-memory", "67GiB")
+    assert code == 0
+    (row,) = [line for line in out.splitlines() if "67GiB: micro" in line]
+    assert row.endswith("GiB, near the limit)")
+    assert "near the limit: within the memory model's 5.0% uncertainty" in out
+    assert "docs/memory-model.md" in out
+    assert "assumption: GPU memory 67GiB as given" in out and "; no margin" in out
+    code, out, _ = _run("plan-elastic", *one, *gpu, "--gpu-memory", "H100")
+    assert code == 0 and "near the limit" not in out
+    assert "assumption: GPU memory H100-SXM-80GB: 79.20 GiB that CUDA can allocate" in out

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dssup.elastic import BatchPlan, MemoryContext, replan, rescale
+from dssup.elastic import BatchPlan, MemoryContext, replan, rescale, search_plans
 from dssup.memory import GiB, Training, preset
+from dssup.memory.capacity import band
 
 
 def _plan(mb: int, gas: int, dp: int, zero: int = 1, mp: int = 1) -> BatchPlan:
@@ -64,7 +65,8 @@ CTX = MemoryContext(model=preset("llama-3-8b"), base=Training(seq_len=4096), gpu
 
 
 def _tight(plan: BatchPlan) -> MemoryContext:
-    """A GPU just big enough for ``plan`` with the margin: the old world fits by a hair."""
+    """A GPU just big enough for ``plan`` (and the margin, none by default): the old world fits
+    by a hair."""
     need = CTX.peak(plan)
     return CTX.model_copy(update={"gpu_memory_bytes": int(need / (1 - CTX.margin)) + 2})
 
@@ -108,3 +110,21 @@ def test_nothing_fits_is_data() -> None:
     tiny = CTX.model_copy(update={"gpu_memory_bytes": 1 * GiB})
     r = replan(current, 8, memory=tiny)
     assert r.action == "no-fit" and r.plan is None and "nothing fits" in r.reason
+
+
+def test_a_plan_near_the_limit_says_so_with_the_band_and_its_source() -> None:
+    """No margin by default (capacity.py): the user's plan that fits by a hair is taken back,
+    and the reason names the memory model's band and its source; with room to spare it
+    does not."""
+    user = _plan(1, 2, 128, zero=1)
+    ctx = _tight(user)
+    small = replan(user, 16, baseline=user, memory=ctx)
+    assert small.plan is not None
+    back = replan(small.plan, 128, baseline=user, memory=ctx)
+    b = band("megatron")
+    assert back.action == "relax" and "near the limit" in back.reason and b.source in back.reason
+    roomy = ctx.model_copy(update={"gpu_memory_bytes": 2 * ctx.gpu_memory_bytes})
+    assert "near the limit" not in replan(user, 128, memory=roomy).reason
+    near = [f for f in search_plans(ctx, 128, user.global_batch) if f.near is not None]
+    assert near and all(f.peak_bytes > ctx.gpu_memory_bytes * (1 - b.fraction) for f in near)
+    assert {f.near.source for f in near} == {b.source}  # type: ignore[union-attr]

@@ -27,7 +27,7 @@ def _planner(gpu: int) -> RemedyPlanner:
 
 
 def _tight() -> int:
-    """A GPU on which the user's plan fits at 128 GPUs by a hair (5% margin kept)."""
+    """A GPU on which the user's plan fits at 128 GPUs with 5 % to spare."""
     ctx = memory_context(_planner(80 * GiB), frozenset({"zero_stage"}))
     assert ctx is not None
     bp = to_batch(USER)

@@ -173,8 +173,8 @@ def test_mig_rule_never_exceeds_the_slices_nvidia_smi_lists() -> None:
 
 
 def test_cli_admission_and_planner_read_the_same_figure() -> None:
-    """One row: the webhook reads the driver total (what GFD labels carry, less its own
-    ``--reserve``), the CLI and the planner what CUDA can allocate of it (``usable_memory``)."""
+    """One row, one figure: the webhook reads the driver total (what GFD labels carry) and
+    judges, like the CLI and the planner, what CUDA can allocate of it (``usable_memory``)."""
     product = "NVIDIA-H100-80GB-HBM3"
     spec = gpu_for_product(product)
     assert spec is not None
@@ -182,6 +182,7 @@ def test_cli_admission_and_planner_read_the_same_figure() -> None:
     assert webhook is not None and webhook.source == "table"
     assert webhook.total_bytes == spec.memory_mib * MiB
     table = usable_memory(spec)
+    assert webhook.usable_bytes == table
     est = subprocess.run(
         [*DSSUP, "estimate", "--model", "llama-3-8b", "--gpu-memory", "h100", "--json"],
         capture_output=True, text=True, check=False, timeout=120,

@@ -17,9 +17,11 @@ from dssup.errors import ConfigError
 from dssup.memory.config import Layout
 from dssup.memory.schedule import (
     _chunk_table,
+    _states,
     check_micro_batches,
     held_counts,
     interleaved_states,
+    steady_m,
 )
 
 
@@ -193,3 +195,23 @@ def test_interleaved_states_over_generated_schedules(case: tuple[int, int, int, 
         assert all(len(s) == vpp and all(0 <= n <= m for n in s) for s in states)
     if group == pp:
         assert max(s[-1] for s in interleaved_states(layout, pp - 1, m)) == 1
+
+
+@SCHEDULES
+@given(st.integers(2, 8), st.integers(2, 6), st.integers(0, 8), st.integers(1, 40))
+def test_past_one_steady_period_every_accumulation_walks_the_same_states(
+    pp: int, vpp: int, extra: int, groups: int
+) -> None:
+    """``steady_m``: the walk of an accumulation count that runs a whole period (group x vpp
+    forwards) past the warm-up records the states of the least such count, in order; a count
+    it does not shorten walks as itself."""
+    group = pp + extra
+    m = group * groups
+    for rank in range(pp):
+        least = steady_m(pp, vpp, group, m, rank)
+        assert least <= m and least % group == 0
+        assert _states.__wrapped__(pp, vpp, group, m, rank) == _states(pp, vpp, group, least, rank)
+        assert steady_m(pp, vpp, group, m + 1, rank) == m + 1  # not a multiple of the group
+    warm = 2 * (pp - 1) + (vpp - 1) * group  # rank 0 warms up longest
+    if m * vpp < warm:  # nothing runs a period past the warm-up: nothing is shortened
+        assert steady_m(pp, vpp, group, m, 0) == m
