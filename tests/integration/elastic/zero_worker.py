@@ -6,8 +6,11 @@ worker is the smallest honest ZeRO-1 on gloo: parameters and gradients live in o
 tensor each, gradients are averaged with chunked all-reduces, each rank runs Adam on its own
 slice (moments sized P / world) and broadcasts it back. Checkpoints hold the full parameters and
 every rank's moment slice; a resume at another world size re-slices them. The memory cap
-(``memory_cap``, real allocator failures) is applied after start-up and resume, before the
-moments are allocated, so the budget covers moments plus activations.
+(``memory_cap``, real allocator failures) is applied after start-up, resume of the parameters
+and one dry micro-batch and collective (so the kernels', autograd's and gloo's first-use
+allocations are paid before it, as in ``probe_zero.py``'s warm-up), and before the moments are
+allocated, so the budget covers moments plus one step. Saved moments are read one tensor of one
+slice at a time, so a resume under the cap needs no more than a step does.
 
 Reads the dssup plan (micro-batch, accumulation, recompute) like ``examples/train_tiny.py``.
 """
@@ -81,7 +84,8 @@ def save(root: Path, step: int, flat: torch.Tensor, m: torch.Tensor, v: torch.Te
     rank, world = dist.get_rank(), dist.get_world_size()
     target = root / f"step_{step:08d}"
     target.mkdir(parents=True, exist_ok=True)
-    torch.save({"m": m, "v": v}, target / f"moments_{rank}_of_{world}.pt")
+    torch.save(m, target / f"m_{rank}_of_{world}.pt")
+    torch.save(v, target / f"v_{rank}_of_{world}.pt")
     if rank == 0:
         torch.save(flat, target / "params.pt")
     dist.barrier()
@@ -97,20 +101,35 @@ def load_params(path: Path, flat: torch.Tensor) -> int:
 
 
 def load_moments(path: Path, m: torch.Tensor, v: torch.Tensor, lo: int, hi: int) -> None:
-    """Under the cap, into shards allocated under the cap: each saved slice is read in turn and
-    its overlap with ``[lo, hi)`` copied, so a resume needs no more memory than a fresh start
-    (plus one saved slice)."""
+    """Under the cap, into shards allocated under the cap: each saved tensor of each slice is
+    read in turn and its overlap with ``[lo, hi)`` copied, so a resume needs no more memory than
+    a fresh start plus one saved tensor (half a slice at the old world: less than a step)."""
     old = json.loads((path / ".metadata").read_text())["world"]
-    offset = 0
-    for r in range(old):
-        part = torch.load(path / f"moments_{r}_of_{old}.pt")
-        n = part["m"].numel()
-        a, b = max(lo, offset), min(hi, offset + n)
-        if a < b:
-            m[a - lo : b - lo].copy_(part["m"][a - offset : b - offset])
-            v[a - lo : b - lo].copy_(part["v"][a - offset : b - offset])
-        offset += n
-        del part
+    for name, shard in (("m", m), ("v", v)):
+        offset = 0
+        for r in range(old):
+            part = torch.load(path / f"{name}_{r}_of_{old}.pt")
+            n = part.numel()
+            a, b = max(lo, offset), min(hi, offset + n)
+            if a < b:
+                shard[a - lo : b - lo].copy_(part[a - offset : b - offset])
+            offset += n
+            del part
+
+
+def dry_run(args: argparse.Namespace, model: nn.Module, grad: torch.Tensor, mb: int) -> None:
+    """Before the cap: one micro-batch forward and backward at the plan's micro-batch and one
+    chunk all-reduced and broadcast, so what the libraries allocate on first use (kernels'
+    workspaces, autograd's, gloo's buffers) is not charged to the budget. Only ``grad`` is
+    written, and every step zeroes it first."""
+    rows = [sample(args.seed, i, args.seq_len, args.vocab) for i in range(mb)]
+    data = torch.stack(rows)
+    logits = model(data[:, :-1])
+    functional.cross_entropy(logits.reshape(-1, args.vocab), data[:, 1:].reshape(-1)).backward()
+    del logits, data
+    head = grad[:CHUNK]
+    dist.all_reduce(head)
+    dist.broadcast(head, src=0)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -182,6 +201,7 @@ def main() -> None:
     flat, grad = flatten(model)
     lo, hi = bounds(flat.numel(), rank, world)
     start = load_params(plan.resume_from, flat) if plan.resume_from is not None else 0
+    dry_run(args, model, grad, mb)
     vm_at_cap = vm_size_bytes()
     if args.memory_cap_mib:
         memory_cap(args.memory_cap_mib << 20)
