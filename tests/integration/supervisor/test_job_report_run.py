@@ -9,6 +9,8 @@ import subprocess
 import pytest
 from sup_helpers import DSSUP, WORKERS, dssup_run, journal, of
 
+from tests.memprobe import MALLOC  # the capped workers' glibc settings, whatever the caller's
+
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 REPORTING = str(WORKERS / "plain_flags.py")
 
@@ -18,7 +20,7 @@ def _run(tmp_path, script: str, *args: str):
     res = dssup_run(
         run, "--global-batch-size", "32", "--micro-batch-size", "16", "--",
         "torchrun", "--standalone", "--nproc-per-node", "2", script, "--micro-batch-size", "16",
-        *args,
+        *args, env=MALLOC,
     )  # fmt: skip
     return run, res, journal(run)
 

@@ -4,6 +4,11 @@ the verdict, the decision, and that user errors are never retried."""
 import pytest
 from sup_helpers import WORKERS, dssup_run, journal, memory_cgroup, of, token_processes
 
+# The capped workers' glibc settings, whatever the caller's environment says: with a malloc
+# arena reserved before the cap (MALLOC_ARENA_MAX=2 left gloo's thread one), gloo's 32 MiB
+# buffer fit in space counted before the cap and the communication OOM never happened.
+from tests.memprobe import MALLOC
+
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 BATCH = ["--global-batch-size", "16", "--micro-batch-size", "8"]
 
@@ -69,6 +74,7 @@ def test_load_oom_loads_to_cpu(tmp_path):
         "--nproc-per-node",
         "2",
         str(WORKERS / "load_oom.py"),
+        env=MALLOC,
     )
     rec = journal(run)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -88,6 +94,7 @@ def test_comm_buffer_oom_gives_up_without_cutting_the_batch(tmp_path):
         "--nproc-per-node",
         "2",
         str(WORKERS / "comm_oom.py"),
+        env=MALLOC,
     )
     rec = journal(run)
     assert res.returncode == 1

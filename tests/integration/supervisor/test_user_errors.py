@@ -4,13 +4,15 @@ error each end the run after one attempt, with the message kept (real torchrun, 
 import pytest
 from sup_helpers import ROOT, WORKERS, dssup_run, journal, of
 
+from tests.memprobe import MALLOC  # the capped workers' glibc settings, whatever the caller's
+
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
 
 def _once(tmp_path, *command: str):
     run = tmp_path / "run"
     res = dssup_run(run, "--global-batch-size", "32", "--", "torchrun", "--standalone",
-                    "--nproc-per-node", "2", *command)  # fmt: skip
+                    "--nproc-per-node", "2", *command, env=MALLOC)  # fmt: skip
     rec = journal(run)
     assert len(of(rec, "attempt-started")) == 1, res.stdout[-3000:]
     assert of(rec, "decision") == []
