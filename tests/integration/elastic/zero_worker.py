@@ -122,11 +122,7 @@ def dry_run(args: argparse.Namespace, model: nn.Module, grad: torch.Tensor, mb: 
     chunk all-reduced and broadcast, so what the libraries allocate on first use (kernels'
     workspaces, autograd's, gloo's buffers) is not charged to the budget. Only ``grad`` is
     written, and every step zeroes it first."""
-    rows = [sample(args.seed, i, args.seq_len, args.vocab) for i in range(mb)]
-    data = torch.stack(rows)
-    logits = model(data[:, :-1])
-    functional.cross_entropy(logits.reshape(-1, args.vocab), data[:, 1:].reshape(-1)).backward()
-    del logits, data
+    micro_batch(args, model, 0, mb, mb * args.seq_len)
     head = grad[:CHUNK]
     dist.all_reduce(head)
     dist.broadcast(head, src=0)
@@ -157,6 +153,19 @@ def adam(flat: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tenso
     flat.addcdiv_(m, denom, value=-lr / (1 - b1**step))
 
 
+def micro_batch(args: argparse.Namespace, model: nn.Module, first: int, mb: int,
+                scale: int) -> None:  # fmt: skip
+    """Forward and backward of ``mb`` samples from sample ``first``, the summed loss over
+    ``scale`` (the rank's tokens in the step), gradients accumulated into the flat tensor."""
+    rows = [sample(args.seed, first + i, args.seq_len, args.vocab) for i in range(mb)]
+    data = torch.stack(rows)
+    logits = model(data[:, :-1])
+    total = functional.cross_entropy(
+        logits.reshape(-1, args.vocab), data[:, 1:].reshape(-1), reduction="sum"
+    )
+    (total / scale).backward()
+
+
 def train_step(args: argparse.Namespace, model: nn.Module, state: tuple[torch.Tensor, ...],
                first: int, step: int, share: int, mb: int, gas: int, world: int) -> None:  # fmt: skip
     """One optimizer step on this rank: ``gas`` micro-batches of ``mb`` samples from sample
@@ -165,14 +174,7 @@ def train_step(args: argparse.Namespace, model: nn.Module, state: tuple[torch.Te
     flat, grad, m, v = state
     grad.zero_()
     for k in range(gas):
-        rows = [sample(args.seed, first + k * mb + i, args.seq_len, args.vocab) for i in range(mb)]
-        data = torch.stack(rows)
-        logits = model(data[:, :-1])
-        loss = functional.cross_entropy(
-            logits.reshape(-1, args.vocab), data[:, 1:].reshape(-1), reduction="sum"
-        ) / (share * args.seq_len)
-        loss.backward()
-        del logits, loss
+        micro_batch(args, model, first + k * mb, mb, share * args.seq_len)
     collective = dist.is_initialized()
     for c in chunks(grad) if collective else ():
         dist.all_reduce(c)
@@ -201,7 +203,8 @@ def main() -> None:
     flat, grad = flatten(model)
     lo, hi = bounds(flat.numel(), rank, world)
     start = load_params(plan.resume_from, flat) if plan.resume_from is not None else 0
-    dry_run(args, model, grad, mb)
+    if args.memory_cap_mib:
+        dry_run(args, model, grad, mb)
     vm_at_cap = vm_size_bytes()
     if args.memory_cap_mib:
         memory_cap(args.memory_cap_mib << 20)

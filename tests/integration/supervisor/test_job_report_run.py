@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from sup_helpers import DSSUP, WORKERS, dssup_run, journal, of
 
-from tests.memprobe import MALLOC  # the capped workers' glibc settings, whatever the caller's
+from tests.memprobe import MALLOC  # the capped workers' glibc settings, not the caller's
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 REPORTING = str(WORKERS / "plain_flags.py")

@@ -4,7 +4,7 @@ error each end the run after one attempt, with the message kept (real torchrun, 
 import pytest
 from sup_helpers import ROOT, WORKERS, dssup_run, journal, of
 
-from tests.memprobe import MALLOC  # the capped workers' glibc settings, whatever the caller's
+from tests.memprobe import MALLOC  # the capped workers' glibc settings, not the caller's
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
