@@ -30,12 +30,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MALLOC", "cap_between", "need_bytes", "probe"]
+__all__ = ["HEAP", "MALLOC", "cap_between", "need_bytes", "probe"]
 
 ROOT = Path(__file__).resolve().parents[1]
-# What the capped workers run with: large blocks mapped and unmapped (the address space tracks
-# live tensors), one malloc arena (a new thread's arena would reserve 64 MiB of the cap).
-MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
+# glibc's heap as every capped worker sees it, whatever the caller's environment says: blocks
+# over 128 KiB mapped and unmapped on their own (the address space tracks live tensors), the
+# heap trimmed and padded by glibc's defaults (a caller's 64 MiB MALLOC_TOP_PAD_ let a 32 MiB
+# block fall back into the padded heap), mmap never refused. Given both as the MALLOC_*
+# variables and as GLIBC_TUNABLES, which replaces any tunables the caller set.
+_HEAP = {"mmap_threshold": 131072, "trim_threshold": 131072, "top_pad": 131072, "mmap_max": 65536}
+HEAP = {f"MALLOC_{k.upper()}_": str(v) for k, v in _HEAP.items()} | {
+    "GLIBC_TUNABLES": ":".join(f"glibc.malloc.{k}={v}" for k, v in _HEAP.items())
+}
+# The one-tensor and probed workers also use one malloc arena (a new thread's arena would
+# reserve 64 MiB of the cap; a caller's MALLOC_ARENA_MAX=2 let gloo's buffer fit in an arena
+# reserved before the cap) and one OpenMP thread.
+MALLOC = HEAP | {
+    "MALLOC_ARENA_MAX": "1",
+    "GLIBC_TUNABLES": HEAP["GLIBC_TUNABLES"] + ":glibc.malloc.arena_max=1",
+    "OMP_NUM_THREADS": "1",
+}
 MiB = 1 << 20
 
 

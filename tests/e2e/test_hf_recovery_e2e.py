@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.memprobe import HEAP  # glibc's heap pinned, whatever the caller sets
 from tests.procs import run_reaped
 
 # the runs below stop everything they started on a timeout (tests/procs.py), also when
@@ -38,7 +39,7 @@ MODEL = ("n_layer=2,n_embd=32,n_head=2,vocab_size=256,n_positions=256,resid_pdro
          "embd_pdrop=0,attn_pdrop=0,bos_token_id=0,eos_token_id=0")  # fmt: skip
 CAP = {"RUN_CLM_MEMORY_CAP_AT": "forward", "RUN_CLM_MEMORY_CAP_FROM_STEP": "5"}
 # glibc maps and unmaps large blocks from the start, so the address space tracks live tensors
-MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+MALLOC = HEAP
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 ACCELERATE = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",

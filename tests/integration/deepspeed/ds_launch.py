@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.memprobe import HEAP  # glibc's heap pinned, whatever the caller sets
 from tests.procs import run_reaped
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -57,7 +58,7 @@ def dssup_run_example(
     cfg = work / "ds.json"
     cfg.write_text(json.dumps(config))
     run_env = dict(os.environ) | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    run_env |= {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    run_env |= HEAP
     run_env |= env
     run_env["PYTHONPATH"] = str(ROOT)
     cmd = [

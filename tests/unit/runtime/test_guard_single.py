@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dssup.jobreport import InProcessGaveUp, InProcessGuard, InProcessRemedy, read_report
+from tests.memprobe import MALLOC
 
 pytestmark = [pytest.mark.torch]
 SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "inprocess" / "single_guard.py"
@@ -20,10 +21,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "inprocess" / "singl
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], Path]:
     report = tmp_path_factory.mktemp("guard") / "report.jsonl"
-    env = {
-        **os.environ, "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1",
-        "MALLOC_MMAP_THRESHOLD_": "131072",  # large blocks mapped from the start: a tight cap
-    }  # fmt: skip
+    env = {**os.environ, **MALLOC}  # large blocks mapped from the start, one arena: a tight cap
     for key in ("RANK", "WORLD_SIZE", "DSSUP_ATTEMPT", "DSSUP_VERDICT_TIMEOUT_S"):
         env.pop(key, None)
     res = subprocess.run(
