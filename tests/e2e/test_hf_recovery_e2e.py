@@ -10,8 +10,9 @@ per-device batch of 16 exceeds in torch's own allocator (real ``DefaultCPUAlloca
 failures) and a batch of 8, holding about half, does not. Under ``dssup run --global-batch-size 32`` with torchrun, and again
 with ``accelerate launch``, dssup must halve the per-device batch with HF's own flags, resume
 from ``checkpoint-4`` through ``--resume_from_checkpoint``, have the Trainer itself confirm
-global batch 32, and end with the weights of a run that never failed (1e-5 relative; the data
-is dropped to whole batches so every step sees the same 32 samples).
+global batch 32, and end with the weights of a run that never failed (the same job with no cap,
+under ``dssup run`` too: see ``never_failed``; 1e-5 relative; the data is dropped to whole
+batches so every step sees the same 32 samples).
 """
 
 from __future__ import annotations
@@ -74,23 +75,35 @@ def _relative(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def never_failed(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("reference") / "out"
-    done = run_reaped([*TORCHRUN, *_args(out)], 500, env=_env(), cwd=out.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
+    """The weights of the same job with no cap, launched the same way (``dssup run``, torchrun).
+
+    Like the stock run_clm, the script never destroys its process group, and torch 2.13's gloo
+    then sometimes aborts a rank at interpreter exit ("terminate called without an active
+    exception", SIGABRT; 1 run in 15 here), after the final weights are written. A bare torchrun
+    fails on that; dssup reads it as a teardown after completion, which is all it may be here:
+    one attempt, no failure but that one.
+    """
+    out, records, _ = _dssup(tmp_path_factory.mktemp("reference"), TORCHRUN)
+    ends = [r for r in records if r["type"] == "attempt-ended"]
+    assert [(e["failure"] or {"kind": "teardown"})["kind"] for e in ends] == ["teardown"], ends
     return _weights(out)
 
 
-def _recover(tmp_path: Path, launcher: list[str]) -> tuple[Path, list[dict], str]:
-    out, run = tmp_path / "out", tmp_path / "run"
+def _dssup(base: Path, launcher: list[str], **extra: str) -> tuple[Path, list[dict], str]:
+    out, run = base / "out", base / "run"
     res = run_reaped(
         [str(BIN / "dssup"), "run", "--run-dir", str(run), "--global-batch-size", "32", "--",
          *launcher, *_args(out)],
-        600, run, env=_env(**CAP, RUN_CLM_MEMORY_CAP_FILE=str(tmp_path / "cap-{rank}.json")),
-        cwd=tmp_path,
+        600, run, env=_env(**extra), cwd=base,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
     records = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
     return out, records, res.stdout
+
+
+def _recover(tmp_path: Path, launcher: list[str]) -> tuple[Path, list[dict], str]:
+    return _dssup(tmp_path, launcher, **CAP,
+                  RUN_CLM_MEMORY_CAP_FILE=str(tmp_path / "cap-{rank}.json"))  # fmt: skip
 
 
 def _check(out: Path, records: list[dict], stdout: str, never_failed: dict) -> None:
