@@ -178,14 +178,21 @@ class BatchChanged(ReportRecord):
 
 @record_type
 class Completed(ReportRecord):
-    """Training finished on this rank; whatever fails after this is teardown."""
+    """Training finished on this rank. With ``final`` (the default: ``clean_exit``,
+    ``mark_done``) the script's own work is done too, so whatever fails after it is teardown;
+    without it (a Trainer callback's ``on_train_end``, before the script's final save) only the
+    training loop ended, and a failure after it leaves the final save unverified."""
 
     type: Literal["completed"] = "completed"
     step: int | None = Field(None, ge=0, description="final optimizer step; None: not said")
+    final: bool = Field(
+        True, description="the script's work (its final save) is done, not only training"
+    )
 
     def describe(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""
-        return f"rank {self.rank} completed training{at}"
+        what = "completed" if self.final else "ended its training loop (final save to follow)"
+        return f"rank {self.rank} {what}{at}"
 
 
 @record_type

@@ -5,7 +5,9 @@ Add it to any ``Trainer`` (or TRL trainer) with ``trainer.add_callback(DssupCall
 ``on_train_begin`` (after a resume has restored the trainer state), the per-device batch, the
 accumulation, the world size, the global batch the Trainer computes from them, and the step it
 resumes from; rank 0 records each checkpoint after it is written (``on_save``); every rank
-records completion at ``on_train_end``, so an abort during teardown is not taken for a failure.
+records the end of its training loop at ``on_train_end`` (``final=False``: the script's own
+final save comes after it), so a finished run is never trained again, and an abort after it
+is a teardown only once dssup sees the final save whole.
 Without dssup it does nothing.
 
 The global batch is ``args.train_batch_size x gradient_accumulation_steps x world_size``, which
@@ -54,4 +56,5 @@ class DssupCallback(TrainerCallback):
             report_checkpoint(int(state.global_step), path, source=_SOURCE)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        report_completed(int(state.global_step), source=_SOURCE)
+        # the script's own save_model/save_state come after this: not the end of its work
+        report_completed(int(state.global_step), source=_SOURCE, final=False)

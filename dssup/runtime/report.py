@@ -144,8 +144,11 @@ def report_completed(
     step: int | None = None,
     *,
     source: str = "dssup.runtime.report_completed",
+    final: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> bool:
-    """Record that training finished on this rank: a failure after it is only teardown."""
+    """Record that training finished on this rank. ``final`` (the default): the script's work,
+    its final save included, is done, so a failure after it is only teardown; ``final=False``
+    where the script still saves after this (a Trainer's ``on_train_end``)."""
     e = _env(env)
-    return report_record(Completed(**who(e), source=source, step=step), e)
+    return report_record(Completed(**who(e), source=source, step=step, final=final), e)

@@ -148,7 +148,7 @@ class AttemptCycle(SupervisorBase):
         result.failure = refine(result.failure, spec.dir)  # what the job's step guard said
         output = JobView.output(rank0_output(self.command, spec.dir))
         if self.view is not None:
-            result.failure = self.view.finished(result.failure, result.started, output)
+            result.failure = self.view.finished(result.failure, result.started, output, spec.dir)
         step = self._step()
         state.record(result, step)
         journal.append(

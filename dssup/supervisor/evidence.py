@@ -147,7 +147,8 @@ def collect(
         ev.rank, ev.exit_code = row["rank"], row["exit_code"]
         ev.sources.append("exit-code")
     done = {int(p.name.split("-")[1]) for p in (attempt_dir / "done").glob("rank-*")}
-    done |= {r.rank for r in read_report(report_path(attempt_dir)).of(Completed)}
+    # only the script's own end counts; a training loop's end (final=False) is read by JobView
+    done |= {r.rank for r in read_report(report_path(attempt_dir)).of(Completed) if r.final}
     return AttemptEvidence(
         exit_code=exit_code,
         ranks=ranks,

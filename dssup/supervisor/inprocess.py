@@ -152,7 +152,8 @@ def absorb(
         )  # fmt: skip
     elif (
         failure is not None
-        and failure.kind not in {FailureKind.INTERRUPTED, FailureKind.TEARDOWN}
+        and failure.kind
+        not in {FailureKind.INTERRUPTED, FailureKind.TEARDOWN, FailureKind.UNVERIFIED_END}
         and _typed(typed, InProcessGuard)
     ):
         where = f" on rank {failure.rank}" if failure.rank is not None else ""

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dssup.jobreport import ReportRecord
+from dssup.jobreport import Completed, ReportRecord, read_report
 from dssup.supervisor.adapters import Objection
 from dssup.supervisor.checkpoints import CheckpointRef, unrecognised
-from dssup.supervisor.frameworks import Channel, Framework, Job
+from dssup.supervisor.frameworks import Channel, Completion, Framework, Job
 from dssup.supervisor.handoff import HandOff
 from dssup.supervisor.models import Failure, FailureKind, TrainingPlan
+from dssup.supervisor.report import report_path
 
 __all__ = ["JobView"]
 
@@ -125,23 +126,48 @@ class JobView:
                 found += method(output)
         return found
 
-    def finished(self, failure: Failure | None, started: float, output: str) -> Failure | None:
-        """``failure`` re-read as teardown when the framework says training had finished."""
+    def finished(
+        self, failure: Failure | None, started: float, output: str, attempt_dir: Path | None = None
+    ) -> Failure | None:
+        """``failure`` re-read when training had finished: a ``teardown`` when the script's
+        final save is seen whole, else ``unverified-end`` (trained; not to be trained again;
+        not a success). The framework's own signs come first; then the job-side report's
+        end-of-training records (``final=False``, a Trainer callback's ``on_train_end``)."""
         if failure is None or failure.kind in {
             FailureKind.INTERRUPTED,
             FailureKind.TEARDOWN,
+            FailureKind.UNVERIFIED_END,
             FailureKind.BATCH_MISMATCH,
         }:
             return failure
-        done = self.framework.completed(self.job, started, output)
+        done = self.framework.completed(self.job, started, output) or _loop_ended(attempt_dir)
         if done is None:
             return failure
+        then = f"then {failure.kind}: {failure.message}"
+        common = {"exit_code": failure.exit_code, "rank": failure.rank,
+                  "signature": failure.signature, "ranks": failure.ranks}  # fmt: skip
+        trained = f"{self.framework.name}: {done.training}"
+        if done.saved is not None:
+            return Failure(kind=FailureKind.TEARDOWN, **common,
+                           message=f"training had completed; {then}",
+                           evidence=(*failure.evidence, trained, f"final save: {done.saved}"))  # fmt: skip
         return Failure(
-            kind=FailureKind.TEARDOWN,
-            exit_code=failure.exit_code,
-            rank=failure.rank,
-            message=f"training had completed; then {failure.kind}: {failure.message}",
-            signature=failure.signature,
-            ranks=failure.ranks,
-            evidence=(*failure.evidence, f"{self.framework.name}: {done}"),
-        )
+            kind=FailureKind.UNVERIFIED_END, **common,
+            message=f"training had completed, but its final save is unverified; {then}",
+            evidence=(*failure.evidence, trained, f"final save unverified: {done.unverified}"),
+        )  # fmt: skip
+
+
+def _loop_ended(attempt_dir: Path | None) -> Completion | None:
+    """The job-side report's end-of-training records (not the script's end), if any."""
+    if attempt_dir is None:
+        return None
+    ended = sorted({r.rank for r in read_report(report_path(attempt_dir)).of(Completed)
+                    if not r.final})  # fmt: skip
+    if not ended:
+        return None
+    return Completion(
+        training=f"rank(s) {ended} reported the end of the training loop (on_train_end)",
+        unverified="the script did not report its own end (dssup.runtime.clean_exit() or "
+        "mark_done() after its final save says so)",
+    )

@@ -29,6 +29,9 @@ class FailureKind(StrEnum):
     USER_ERROR = "user-error"  # SyntaxError, FileNotFoundError, shape mismatch: never retried
     TRANSIENT = "transient"  # unknown; retried with backoff, bounded
     TEARDOWN = "teardown"  # a worker aborted after the job reported completion: success
+    # training finished, then a worker failed before the script's final save was seen whole:
+    # not retried (it would train again), and not a success
+    UNVERIFIED_END = "unverified-end"
     BATCH_MISMATCH = "batch-mismatch"  # the job reported a global batch other than the plan's
     INTERRUPTED = "interrupted"  # dssup was told to stop, or was killed mid-attempt
 
@@ -82,6 +85,7 @@ class Failure(BaseModel):
         return self.kind not in {
             FailureKind.USER_ERROR,
             FailureKind.TEARDOWN,
+            FailureKind.UNVERIFIED_END,
             FailureKind.BATCH_MISMATCH,
         }
 

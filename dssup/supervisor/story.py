@@ -68,6 +68,7 @@ def summarize(journal: Journal) -> Summary:
             f = rec["failure"]
             if f["kind"] != "teardown":
                 s.failures.append(f"attempt {rec['attempt']}: {f['kind']}{_on_rank(f.get('rank'))}")
+            if f["kind"] not in {"teardown", "unverified-end"}:  # those trained to the end
                 s.time_lost_s += rec.get("duration_s") or 0.0
         elif rec["type"] == "decision" and rec.get("action") in {"remedy", "in-process"}:
             s.changes.append(f"{rec['step']}: {_change_text(rec.get('changes', {}))}")

@@ -119,6 +119,8 @@ class Supervisor(AttemptCycle):
                 return self._end(journal, state, "batch-mismatch", reason, RECOVERY_FAILED)
             if failure is None or failure.kind == FailureKind.TEARDOWN:
                 return self._finished(journal, state)
+            if failure.kind == FailureKind.UNVERIFIED_END:
+                return self._unverified_end(journal, state, failure)
             if failure.kind == FailureKind.INTERRUPTED:
                 return self._end(
                     journal, state, "interrupted", failure.message, 128 + (failure.signal or 15)
@@ -204,6 +206,19 @@ class Supervisor(AttemptCycle):
         )
         log.error("%s", reason)
         return self._end(journal, state, "recovery-failed", reason, RECOVERY_FAILED)
+
+    def _unverified_end(self, journal: Journal, state: RunState, failure: Failure) -> RunOutcome:
+        """Trained to the end, then failed before its final save was seen whole: never called
+        a success, never trained again (a relaunch would repeat finished steps)."""
+        missing = next((e for e in reversed(failure.evidence) if "unverified" in e), "")
+        step = self._step()
+        kept = f"; the last complete checkpoint is step {step}" if step is not None else ""
+        reason = (
+            f"{clip(failure.message, 300)} ({missing}){kept}. Not relaunched (it would train "
+            "finished steps again): check the final save before using it"
+        )
+        log.error("%s", reason)
+        return self._end(journal, state, "unverified-end", reason)
 
     def _end(
         self, journal: Journal, state: RunState, outcome: str, reason: str, code: int | None = None

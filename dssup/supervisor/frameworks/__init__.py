@@ -12,6 +12,7 @@ from dssup.supervisor.frameworks.accelerate import ACCELERATE_LOOP
 from dssup.supervisor.frameworks.base import (
     KNOBS,
     Channel,
+    Completion,
     Framework,
     Job,
     ScriptSource,
@@ -26,6 +27,7 @@ __all__ = [
     "FRAMEWORKS",
     "KNOBS",
     "Channel",
+    "Completion",
     "Framework",
     "Job",
     "ScriptSource",

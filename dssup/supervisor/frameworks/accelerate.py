@@ -16,7 +16,7 @@ from typing import Any
 
 from dssup.jobreport import ReportRecord
 from dssup.supervisor.checkpoints import CheckpointRef
-from dssup.supervisor.frameworks.base import Channel, Job
+from dssup.supervisor.frameworks.base import Channel, Completion, Job
 from dssup.supervisor.frameworks.plain import PLAIN
 from dssup.supervisor.models import TrainingPlan
 
@@ -62,7 +62,7 @@ class AccelerateLoop:
     def checkpoint_dir(self, job: Job) -> tuple[Path, str] | None:
         return PLAIN.checkpoint_dir(job)
 
-    def completed(self, job: Job, since: float, output: str) -> str | None:
+    def completed(self, job: Job, since: float, output: str) -> Completion | None:
         return None
 
     def reported(self, text: str) -> list[ReportRecord]:

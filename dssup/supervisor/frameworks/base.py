@@ -12,7 +12,7 @@ is one module with one object behind ``Framework``:
 * ``render``: the worker arguments for a plan and a checkpoint to resume from;
 * ``checkpoint_dir``: where the script saves, read from the command;
 * ``completed`` / ``reported``: what the framework itself says about an attempt (that training
-  finished; the batch figures it prints).
+  finished, and whether the script's final save is whole; the batch figures it prints).
 
 ``Job`` is the parsed command plus the script's source, read once (never executed).
 """
@@ -36,6 +36,7 @@ from dssup.supervisor.models import TrainingPlan
 __all__ = [
     "KNOBS",
     "Channel",
+    "Completion",
     "Framework",
     "Job",
     "ScriptSource",
@@ -58,6 +59,20 @@ KNOBS = (
     "resume",
 )
 Via = Literal["flag", "framework-flag", "launcher-flag", "env", "config", "derived", "none"]
+
+
+class Completion(BaseModel):
+    """What a framework shows of an attempt that trained to the end.
+
+    ``training`` is the evidence that the training loop finished; ``saved`` the evidence that
+    the script's own final save (after the loop) is whole, or None with ``unverified`` saying
+    what was looked for and not found. A failure after training is a harmless teardown only
+    with ``saved``; without it the run has trained but cannot be called a success."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    training: str = Field(description="evidence the training loop finished")
+    saved: str | None = Field(None, description="evidence the script's final save is whole")
+    unverified: str = Field("", description="when saved is None: what was not found, and where")
 
 
 class Channel(BaseModel):
@@ -173,9 +188,9 @@ class Framework(Protocol):
 
     def checkpoint_dir(self, job: Job) -> tuple[Path, str] | None: ...
 
-    def completed(self, job: Job, since: float, output: str) -> str | None:
-        """Evidence that training finished (``output``: rank 0's output of the attempt that
-        began at ``since``), or None."""
+    def completed(self, job: Job, since: float, output: str) -> Completion | None:
+        """Evidence that training finished and whether its final save is whole (``output``:
+        rank 0's output of the attempt that began at ``since``), or None."""
         ...
 
     def reported(self, text: str) -> list[ReportRecord]:

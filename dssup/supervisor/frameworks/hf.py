@@ -15,9 +15,14 @@ What the Trainer itself says is read back: its "***** Running training *****" bl
 accumulation)", "Gradient Accumulation steps", the step it resumes from) becomes a ``started``
 record of the job-side report, so the global batch is verified without any change to the
 script; "Training completed." on rank 0, or a ``trainer_state.json`` whose ``global_step``
-reached ``max_steps`` (the final one, or the latest checkpoint's), says training finished:
-whatever fails afterwards is teardown, and a finished run is never relaunched (a 5.x resume
-from ``checkpoint-N`` with ``--max_steps N`` would train one step more).
+reached ``max_steps`` (the final one, or the latest checkpoint's), says training finished, and
+a finished run is never relaunched (a 5.x resume from ``checkpoint-N`` with ``--max_steps N``
+would train one step more). The Trainer prints that line *before* the script's own
+``save_model``/``save_state``, so a failure after it is a harmless teardown only when the
+final save is seen whole: a ``trainer_state.json`` this attempt wrote to ``--output_dir``
+(stock scripts' last save, after ``save_model``) or whole model files written by it
+(``final_save``), and no cut-short model file beside them. Otherwise the run trained but its
+end is unverified, and dssup says so instead of "succeeded".
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from typing import Any
 
 from dssup.jobreport import ReportRecord, Started
 from dssup.supervisor.checkpoints import CheckpointRef
-from dssup.supervisor.frameworks.base import Channel, Job, flag_value, has_flag, int_flags, set_flag
+from dssup.supervisor.frameworks.base import (
+    Channel,
+    Completion,
+    Job,
+    flag_value,
+    has_flag,
+    int_flags,
+    set_flag,
+)
+from dssup.supervisor.frameworks.final_save import final_save
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["HF", "HuggingFaceTrainer", "hf_batch"]
@@ -75,6 +89,13 @@ def _state(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _fresh(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def _finished(state: dict[str, Any] | None) -> bool:
@@ -164,25 +185,51 @@ class HuggingFaceTrainer:
         return out
 
     def output_dir(self, job: Job) -> Path:
+        if self._json_args(job):
+            doc = _state(Path(job.args[0]))  # the arguments file the script parses
+            value = (doc or {}).get("output_dir")
+            return Path(value) if isinstance(value, str) and value else Path(DEFAULT_OUTPUT)
         return Path(flag_value(job.args, OUTPUT) or DEFAULT_OUTPUT)
 
     def checkpoint_dir(self, job: Job) -> tuple[Path, str] | None:
         spelled = has_flag(job.args, OUTPUT)
+        if self._json_args(job) and self.output_dir(job) != Path(DEFAULT_OUTPUT):
+            spelled = f"output_dir in {job.args[0]}"
         return self.output_dir(job), spelled or "HF's default output_dir"
 
     def environment(self, plan: TrainingPlan, job: Job) -> dict[str, str]:
         return {}
 
-    def completed(self, job: Job, since: float, output: str) -> str | None:
+    def completed(self, job: Job, since: float, output: str) -> Completion | None:
+        training = self._trained(job, since, output)
+        if training is None:
+            return None
+        out = self.output_dir(job)
+        found = final_save(out, since)
+        final = out / "trainer_state.json"
+        if found.broken:
+            return Completion(training=training, unverified=(
+                f"the final save in {out} is cut short: {'; '.join(found.broken)}"))  # fmt: skip
+        if _fresh(final, since) and _finished(_state(final)):
+            models = f"; {', '.join(found.whole)} whole" if found.whole else ""
+            return Completion(training=training, saved=(
+                f"{final} (the script's last save) was written by this attempt with "
+                f"global_step >= max_steps{models}"))  # fmt: skip
+        if found.whole:
+            return Completion(training=training, saved=(
+                f"{', '.join(found.whole)} in {out}, written by this attempt, whole "
+                "(their headers and sizes agree)"))  # fmt: skip
+        return Completion(training=training, unverified=(
+            f"this attempt wrote no trainer_state.json and no model file to {out} after "
+            "training: the script's final save may not have run"))  # fmt: skip
+
+    def _trained(self, job: Job, since: float, output: str) -> str | None:
+        """Evidence that the training loop itself finished, or None."""
         if _DONE in output:
             return 'rank 0 printed the Trainer\'s "Training completed."'
         out = self.output_dir(job)
         final = out / "trainer_state.json"
-        try:
-            fresh = final.stat().st_mtime >= since
-        except OSError:
-            fresh = False
-        if fresh and _finished(_state(final)):
+        if _fresh(final, since) and _finished(_state(final)):
             return f"{final} shows global_step >= max_steps (written by this attempt)"
         steps = sorted(out.glob("checkpoint-*/trainer_state.json"),
                        key=lambda p: int(m.group(1)) if (m := re.search(r"-(\d+)$", p.parent.name)) else -1)  # fmt: skip

@@ -18,7 +18,15 @@ from typing import Any
 
 from dssup.jobreport import ReportRecord
 from dssup.supervisor.checkpoints import CheckpointRef
-from dssup.supervisor.frameworks.base import Channel, Job, flag_value, has_flag, int_flags, set_flag
+from dssup.supervisor.frameworks.base import (
+    Channel,
+    Completion,
+    Job,
+    flag_value,
+    has_flag,
+    int_flags,
+    set_flag,
+)
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["LIGHTNING", "Lightning"]
@@ -96,7 +104,7 @@ class Lightning:
             else (Path("."), "Lightning's default root (the working directory)")
         )
 
-    def completed(self, job: Job, since: float, output: str) -> str | None:
+    def completed(self, job: Job, since: float, output: str) -> Completion | None:
         return None
 
     def reported(self, text: str) -> list[ReportRecord]:

@@ -22,6 +22,7 @@ from dssup.jobreport import ReportRecord, Started
 from dssup.supervisor.checkpoints import CheckpointRef
 from dssup.supervisor.frameworks.base import (
     Channel,
+    Completion,
     Job,
     drop_flag,
     flag_value,
@@ -118,7 +119,7 @@ class Megatron:
         value = flag_value(job.args, ("--save",))
         return (Path(value), "--save") if value else None
 
-    def completed(self, job: Job, since: float, output: str) -> str | None:
+    def completed(self, job: Job, since: float, output: str) -> Completion | None:
         return None
 
     def reported(self, text: str) -> list[ReportRecord]:

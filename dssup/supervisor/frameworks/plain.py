@@ -24,7 +24,7 @@ from typing import Any
 from dssup.jobreport import ReportRecord
 from dssup.supervisor.checkpoints import CheckpointRef
 from dssup.supervisor.contract import FLAG_FIELDS, read_plan_flags, rewrite_flags
-from dssup.supervisor.frameworks.base import Channel, Job, flag_value, has_flag
+from dssup.supervisor.frameworks.base import Channel, Completion, Job, flag_value, has_flag
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["FLAGS", "PLAIN", "Plain", "env_channel"]
@@ -145,7 +145,7 @@ class Plain:
     def environment(self, plan: TrainingPlan, job: Job) -> dict[str, str]:
         return {}
 
-    def completed(self, job: Job, since: float, output: str) -> str | None:
+    def completed(self, job: Job, since: float, output: str) -> Completion | None:
         return None
 
     def reported(self, text: str) -> list[ReportRecord]:

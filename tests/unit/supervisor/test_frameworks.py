@@ -77,12 +77,15 @@ def test_hf_trainer_log_becomes_a_started_record_and_says_completion(tmp_path):
     assert (rec.micro_batch, rec.grad_accum, rec.dp, rec.global_batch, rec.first_step) == (
         8, 2, 2, 32, 4,
     )  # fmt: skip
-    assert "Training completed" in (framework.completed(job, 0.0, text) or "")
+    done = framework.completed(job, 0.0, text)
+    assert done is not None and "Training completed" in done.training
+    assert done.saved is None and "wrote no trainer_state.json" in done.unverified  # no files
     assert framework.completed(job, 0.0, "no such line") is None
     ckpt = tmp_path / "out" / "checkpoint-8"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 8, "max_steps": 8}))
-    assert "training is complete" in (framework.completed(job, 0.0, "") or "")
+    done = framework.completed(job, 0.0, "")
+    assert done is not None and "training is complete" in done.training
 
 
 def test_hf_without_resume_in_the_source_says_so(tmp_path):

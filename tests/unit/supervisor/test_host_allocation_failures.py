@@ -1,7 +1,7 @@
 """Host allocation failures outside torch are host-oom with their message kept: real failures
 under an address-space cap (safetensors' Rust writer aborts, numpy raises), read back from a
-rank's output as dssup reads an attempt without @record; and a job whose framework said it
-finished is done whatever its teardown does."""
+rank's output as dssup reads an attempt without @record (a failure after training is in
+test_final_save.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from dssup.supervisor.classify import classify
 from dssup.supervisor.evidence import collect
-from dssup.supervisor.models import Failure, FailureKind
+from dssup.supervisor.models import FailureKind
 
 SAFETENSORS = """
 import resource, torch
@@ -57,21 +57,3 @@ def test_a_numpy_allocation_failure_is_host_oom_with_its_message(tmp_path):
     failure = classify(collect(_fail_in_a_rank(tmp_path, NUMPY), 1, "", world_size=2))
     assert failure is not None and failure.kind == FailureKind.HOST_OOM
     assert failure.signature == "numpy-alloc" and "Unable to allocate" in failure.message
-
-
-def test_an_hf_job_that_finished_is_done_whatever_its_teardown_does(tmp_path):
-    from dssup.supervisor.command import parse_command
-    from dssup.supervisor.handoff import build_handoff
-    from dssup.supervisor.jobview import JobView
-
-    script = Path(__file__).resolve().parents[3] / "examples" / "hf" / "run_clm.py"
-    cmd = parse_command(["torchrun", "--nproc-per-node", "2", str(script), "--output_dir",
-                         str(tmp_path / "out")], env={})  # fmt: skip
-    view = JobView(*build_handoff(cmd, (), None, tmp_path))
-    abort = Failure(kind=FailureKind.TRANSIENT, rank=1, exit_code=1, signature="SIGABRT",
-                    message="terminate called without an active exception")  # fmt: skip
-    output = "Training completed. Do not forget to share your model on huggingface.co/models =)"
-    done = view.finished(abort, 0.0, output)
-    assert done is not None and done.kind == FailureKind.TEARDOWN
-    assert "terminate called" in done.message and "Training completed" in done.evidence[-1]
-    assert view.finished(abort, 0.0, "still training") == abort
