@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FinalSave", "final_save"]
+__all__ = ["FinalSave", "final_save", "fresh"]
 
 # model files save_pretrained / PEFT write at the top of the output directory
 _STEMS = ("model", "pytorch_model", "adapter_model", "diffusion_pytorch_model")
@@ -79,7 +79,8 @@ def _check(path: Path) -> str | None:
     return _zip(path, size)
 
 
-def _fresh(path: Path, since: float) -> bool:
+def fresh(path: Path, since: float) -> bool:
+    """``path`` exists and was written at or after ``since``."""
     try:
         return path.stat().st_mtime >= since
     except OSError:
@@ -110,7 +111,7 @@ def final_save(out: Path, since: float) -> FinalSave:
         return FinalSave()
     indexed: set[str] = set()
     for index in sorted(out.glob("*.index.json")):
-        if not _fresh(index, since) or not index.name.startswith(_STEMS):
+        if not fresh(index, since) or not index.name.startswith(_STEMS):
             continue
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -124,7 +125,7 @@ def final_save(out: Path, since: float) -> FinalSave:
         else:
             whole.append(f"{index.name} ({len(shards)} whole shards)")
     for path in sorted(out.iterdir()):
-        if path.name in indexed or not _is_model(path) or not _fresh(path, since):
+        if path.name in indexed or not _is_model(path) or not fresh(path, since):
             continue
         if _SHARD.search(path.name):  # the index is written after the last shard
             broken.append(f"{path.name}: a shard with no index written by this attempt")

@@ -45,7 +45,7 @@ from dssup.supervisor.frameworks.base import (
     int_flags,
     set_flag,
 )
-from dssup.supervisor.frameworks.final_save import final_save
+from dssup.supervisor.frameworks.final_save import final_save, fresh
 from dssup.supervisor.models import TrainingPlan
 
 __all__ = ["HF", "HuggingFaceTrainer", "hf_batch"]
@@ -89,13 +89,6 @@ def _state(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
-
-
-def _fresh(path: Path, since: float) -> bool:
-    try:
-        return path.stat().st_mtime >= since
-    except OSError:
-        return False
 
 
 def _finished(state: dict[str, Any] | None) -> bool:
@@ -210,7 +203,7 @@ class HuggingFaceTrainer:
         if found.broken:
             return Completion(training=training, unverified=(
                 f"the final save in {out} is cut short: {'; '.join(found.broken)}"))  # fmt: skip
-        if _fresh(final, since) and _finished(_state(final)):
+        if fresh(final, since) and _finished(_state(final)):
             models = f"; {', '.join(found.whole)} whole" if found.whole else ""
             return Completion(training=training, saved=(
                 f"{final} (the script's last save) was written by this attempt with "
@@ -229,7 +222,7 @@ class HuggingFaceTrainer:
             return 'rank 0 printed the Trainer\'s "Training completed."'
         out = self.output_dir(job)
         final = out / "trainer_state.json"
-        if _fresh(final, since) and _finished(_state(final)):
+        if fresh(final, since) and _finished(_state(final)):
             return f"{final} shows global_step >= max_steps (written by this attempt)"
         steps = sorted(out.glob("checkpoint-*/trainer_state.json"),
                        key=lambda p: int(m.group(1)) if (m := re.search(r"-(\d+)$", p.parent.name)) else -1)  # fmt: skip
