@@ -130,8 +130,9 @@ class JobView:
         self, failure: Failure | None, started: float, output: str, attempt_dir: Path | None = None
     ) -> Failure | None:
         """``failure`` re-read when training had finished: a ``teardown`` when the script's
-        final save is seen whole, else ``unverified-end`` (trained; not to be trained again;
-        not a success). The framework's own signs come first; then the job-side report's
+        final save is seen whole and the failure is no exception of the script's own (an
+        abort or a signal at exit), else ``unverified-end`` (trained; not to be trained
+        again; not a success). The framework's own signs come first; then the job-side report's
         end-of-training records (``final=False``, a Trainer callback's ``on_train_end``)."""
         if failure is None or failure.kind in {
             FailureKind.INTERRUPTED,
@@ -147,15 +148,38 @@ class JobView:
         common = {"exit_code": failure.exit_code, "rank": failure.rank,
                   "signature": failure.signature, "ranks": failure.ranks}  # fmt: skip
         trained = f"{self.framework.name}: {done.training}"
-        if done.saved is not None:
+        raised = _raised(failure)
+        if done.saved is not None and raised is None:
             return Failure(kind=FailureKind.TEARDOWN, **common,
                            message=f"training had completed; {then}",
                            evidence=(*failure.evidence, trained, f"final save: {done.saved}"))  # fmt: skip
+        if done.saved is not None:  # the script's own exception after its save: not a flake
+            return Failure(
+                kind=FailureKind.UNVERIFIED_END, **common,
+                message=f"training had completed and its final save is whole, but the script then raised; {then}",
+                evidence=(*failure.evidence, trained, f"final save: {done.saved}",
+                          f"what follows the final save is unverified: {raised}"),
+            )  # fmt: skip
         return Failure(
             kind=FailureKind.UNVERIFIED_END, **common,
             message=f"training had completed, but its final save is unverified; {then}",
             evidence=(*failure.evidence, trained, f"final save unverified: {done.unverified}"),
         )  # fmt: skip
+
+
+_RAISED = frozenset({"uncaught-traceback", "error-file"})
+
+
+def _raised(failure: Failure) -> str | None:
+    """How the root-cause rank shows a Python exception out of the script, or None (a signal,
+    an abort at exit: the teardown flakes)."""
+    root = [r for r in failure.ranks if r.rank == failure.rank and not r.cascade]
+    seen = sorted(_RAISED & {s for r in root for s in r.sources})
+    if seen:
+        return f"rank {failure.rank}'s {' and '.join(seen)} show an exception out of the script"
+    if failure.kind == FailureKind.USER_ERROR:
+        return f"rank {failure.rank} failed with {failure.signature or 'a user error'}"
+    return None
 
 
 def _loop_ended(attempt_dir: Path | None) -> Completion | None:

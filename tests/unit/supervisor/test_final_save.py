@@ -24,7 +24,7 @@ from dssup.supervisor.evidence import collect
 from dssup.supervisor.frameworks.final_save import final_save
 from dssup.supervisor.handoff import build_handoff
 from dssup.supervisor.jobview import JobView
-from dssup.supervisor.models import Failure, FailureKind
+from dssup.supervisor.models import Failure, FailureKind, RankFailure
 from dssup.supervisor.report import report_path
 
 pytestmark = pytest.mark.torch
@@ -199,3 +199,25 @@ def test_a_training_loops_end_in_the_report_is_not_the_scripts_end(tmp_path):
     ev = collect(attempt, 1, "", world_size=2)
     assert ev.done_ranks == {0, 1}
     assert (failure := classify(ev)) is not None and failure.kind == FailureKind.TEARDOWN
+
+
+def test_an_exception_of_the_script_after_its_final_save_is_not_a_teardown(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    safetensors_torch.save_file(_weights(), str(out / "model.safetensors"))
+    _state(out / "trainer_state.json")
+    view = _view(tmp_path, "--output_dir", str(out))
+    # rank 0's evaluation after save_state raised: its traceback propagated out of the script
+    raised = Failure(kind=FailureKind.TRANSIENT, rank=0, exit_code=1, signature="unknown",
+                     message="RuntimeError: eval dataset is empty",
+                     ranks=(RankFailure(rank=0, exit_code=1, sources=("stderr", "uncaught-traceback")),))  # fmt: skip
+    got = view.finished(raised, time.time() - 5, DONE)
+    assert got is not None and got.kind == FailureKind.UNVERIFIED_END
+    assert "final save is whole, but the script then raised" in got.message
+    assert got.evidence[-2].startswith("final save: ") and "uncaught-traceback" in got.evidence[-1]
+    # the same failure as a signal at exit, no exception: the exit flake, a teardown
+    flake = raised.model_copy(
+        update={"ranks": (RankFailure(rank=0, exit_code=-6, sources=("stderr",)),)}
+    )
+    got = view.finished(flake, time.time() - 5, DONE)
+    assert got is not None and got.kind == FailureKind.TEARDOWN
