@@ -37,17 +37,26 @@ ROOT = Path(__file__).resolve().parents[1]
 # over 128 KiB mapped and unmapped on their own (the address space tracks live tensors), the
 # heap trimmed and padded by glibc's defaults (a caller's 64 MiB MALLOC_TOP_PAD_ let a 32 MiB
 # block fall back into the padded heap), mmap never refused. Given both as the MALLOC_*
-# variables and as GLIBC_TUNABLES, which replaces any tunables the caller set.
+# variables and as GLIBC_TUNABLES, whose other tunables the caller set (glibc.cpu.*, ...) stay.
 _HEAP = {"mmap_threshold": 131072, "trim_threshold": 131072, "top_pad": 131072, "mmap_max": 65536}
+
+
+def tunables(malloc: dict[str, int], caller: str | None = None) -> str:
+    """``GLIBC_TUNABLES`` with ``malloc`` for glibc.malloc.* and the caller's other tunables."""
+    given = os.environ.get("GLIBC_TUNABLES", "") if caller is None else caller
+    kept = [t for t in given.split(":") if t and not t.startswith("glibc.malloc.")]
+    return ":".join([*kept, *(f"glibc.malloc.{k}={v}" for k, v in malloc.items())])
+
+
 HEAP = {f"MALLOC_{k.upper()}_": str(v) for k, v in _HEAP.items()} | {
-    "GLIBC_TUNABLES": ":".join(f"glibc.malloc.{k}={v}" for k, v in _HEAP.items())
+    "GLIBC_TUNABLES": tunables(_HEAP)
 }
 # The one-tensor and probed workers also use one malloc arena (a new thread's arena would
 # reserve 64 MiB of the cap; a caller's MALLOC_ARENA_MAX=2 let gloo's buffer fit in an arena
 # reserved before the cap) and one OpenMP thread.
 MALLOC = HEAP | {
     "MALLOC_ARENA_MAX": "1",
-    "GLIBC_TUNABLES": HEAP["GLIBC_TUNABLES"] + ":glibc.malloc.arena_max=1",
+    "GLIBC_TUNABLES": tunables(_HEAP | {"arena_max": 1}),
     "OMP_NUM_THREADS": "1",
 }
 MiB = 1 << 20
