@@ -2,8 +2,14 @@
 
 The same job (``bench/inprocess_worker.py``: train_tiny's transformer, 2 gloo ranks, global
 batch 32 at micro-batch 16, checkpoints every 3 steps) and the same failure: the sequence
-length grows from 32 to 384 at step 4 and micro-batch 16 no longer fits under a 56 MiB
-address-space cap (a real ``DefaultCPUAllocator`` failure), on rank 1 only or on both ranks.
+length grows from 32 to 384 at step 4 and micro-batch 16 no longer fits its "device", on rank
+1 only or on both ranks. The device is an address-space cap sized by the job itself, as in
+the tests (train_tiny's ``--memory-cap-at forward``, ``dssup.runtime.standin``): what the
+first micro-batch of step 4 holds when its logits exist, plus 1 MiB, so its cross-entropy
+fails in torch's own allocator (a real ``DefaultCPUAllocator`` failure) on any machine; the
+budget found is kept in a file per rank, and every later try (a relaunch, a restart, a rerun)
+runs under a device of that size. A fixed cap in MiB would measure one machine's libraries:
+with 56 MiB here micro-batch 8 failed too, and dssup's restart went down to micro-batch 4.
 Four ways to meet it:
 
 * ``in-process``: ``dssup run`` around the job with ``StepGuard``: the ranks agree and redo
@@ -53,14 +59,15 @@ JOB = [
     "3",
     "--micro-batch-size",
     "16",
-    "--memory-cap-mib",
-    "56",
+    "--memory-cap-at",
+    "forward",
 ]
 MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
 
 
 def _commands(method: str, tmp: Path, ranks: str) -> list[str]:
-    job = [*JOB, "--memory-cap-ranks", ranks, "--checkpoint-dir", str(tmp / "ckpt")]
+    job = [*JOB, "--memory-cap-ranks", ranks, "--checkpoint-dir", str(tmp / "ckpt"),
+           "--memory-cap-file", str(tmp / "device" / "rank-{rank}.json")]  # fmt: skip
     dssup = [str(BIN / "dssup"), "run", "--quiet", "--run-dir", str(tmp / "run"),
              "--global-batch-size", "32", "--micro-batch-size", "16", "--backoff", "0.2", "--"]  # fmt: skip
     return {

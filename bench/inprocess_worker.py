@@ -20,6 +20,7 @@ allocation fails (the exception is re-raised), ``step`` when an optimizer step c
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -37,7 +38,7 @@ from torch.nn import functional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import train_tiny as tiny
 
-from dssup.runtime import StepGuard, clean_exit, memory_cap, read_plan
+from dssup.runtime import StepGuard, clean_exit, read_plan
 from dssup.runtime.agree import Code
 from dssup.runtime.checkpoint import load_checkpoint, save_checkpoint
 from dssup.runtime.oom import is_oom
@@ -67,25 +68,34 @@ def latest(root: Path | None) -> Path | None:
     return done[-1] if done else None
 
 
-def loss_fn(args, model, share, seq):  # type: ignore[no-untyped-def]
+def loss_fn(args, model, share, seq, cap=None, step=0):  # type: ignore[no-untyped-def]
+    """The guard's loss of one micro-batch; ``cap`` (train_tiny's ``MemoryCap``) sees which
+    micro-batch of ``step`` this is, so the device is sized at the first one's logits."""
+    calls = itertools.count()
+
     def fn(micro: torch.Tensor) -> torch.Tensor:
+        if cap is not None:
+            cap.micro_batch(step, next(calls))
         try:
             logits = model(micro[:, :-1])
+            loss = functional.cross_entropy(
+                logits.reshape(-1, tiny.VOCAB), micro[:, 1:].reshape(-1), reduction="sum"
+            )
         except Exception as exc:
             if is_oom(exc):
-                event("oom", phase="forward")
+                event("oom", phase="forward", step=step)
             raise
-        loss = functional.cross_entropy(
-            logits.reshape(-1, tiny.VOCAB), micro[:, 1:].reshape(-1), reduction="sum"
-        )
-        return loss / (share * seq)
+        loss = loss / (share * seq)
+        if cap is not None:
+            cap.watch(loss)
+        return loss
 
     return fn
 
 
-def plain_step(args, model, ddp, opt, step, rank, share, mb, gas) -> None:  # type: ignore[no-untyped-def]
+def plain_step(args, model, ddp, opt, step, rank, share, mb, gas, cap=None) -> None:  # type: ignore[no-untyped-def]
     try:
-        tiny.train_step(args, model, ddp, opt, step, rank, share, mb, gas)
+        tiny.train_step(args, model, ddp, opt, step, rank, share, mb, gas, cap)
     except Exception as exc:
         if is_oom(exc):
             event("oom", phase="step", step=step)
@@ -106,11 +116,13 @@ def setup(args: argparse.Namespace, mb_default: int):  # type: ignore[no-untyped
     return rank, world, plan, gb, model, ddp, opt, root, start
 
 
-def cap(args: argparse.Namespace, rank: int) -> None:
-    if args.memory_cap_mib and (
-        args.memory_cap_ranks == "all" or str(rank) in args.memory_cap_ranks.split(",")
-    ):
-        memory_cap(args.memory_cap_mib << 20)
+def cap(args: argparse.Namespace, rank: int, model: nn.Module, ddp: nn.Module, step: int):  # type: ignore[no-untyped-def]
+    """train_tiny's ``--memory-cap-*`` on this rank: a dry micro-batch at ``step``'s length on
+    every rank, then the cap (``--memory-cap-at``: the device is what the failing micro-batch
+    holds at the named point, kept in ``--memory-cap-file`` for every later try)."""
+    guard = tiny.MemoryCap(args, rank)
+    guard.start(model, lambda: tiny.dry_micro_batch(args, ddp, step))
+    return guard
 
 
 def run(args: argparse.Namespace) -> None:
@@ -124,15 +136,15 @@ def run(args: argparse.Namespace) -> None:
         guard = StepGuard(
             ddp, opt, global_batch=gb, micro_batch=mb, step=start, loss_reduction="sum"
         )
-    cap(args, rank)
+    device = cap(args, rank, model, ddp, start)
     for step in range(start, args.steps):
         seq = tiny.seq_len_at(args, step)
         if guard is not None:
             data = tiny.batch(args, step * gb + rank * share, share, seq)
-            guard.step(data, loss_fn(args, ddp, share, seq))
+            guard.step(data, loss_fn(args, ddp, share, seq, device, step))
             mb = guard.micro_batch
         else:
-            plain_step(args, model, ddp, opt, step, rank, share, mb, share // mb)
+            plain_step(args, model, ddp, opt, step, rank, share, mb, share // mb, device)
         event(
             "step",
             step=step,
@@ -155,10 +167,10 @@ def run_accelerate(args: argparse.Namespace) -> None:
     def train(batch_size: int) -> None:
         model, opt = tiny.build(args)
         ddp = nn.parallel.DistributedDataParallel(model)
-        cap(args, rank)
+        device = cap(args, rank, model, ddp, 0)
         gb = batch_size * world  # accumulation untouched: the global batch follows the batch
         for step in range(args.steps):
-            plain_step(args, model, ddp, opt, step, rank, batch_size, batch_size, 1)
+            plain_step(args, model, ddp, opt, step, rank, batch_size, batch_size, 1, device)
             event("step", step=step, mb=batch_size, gb=gb)
 
     train()

@@ -13,7 +13,9 @@ Three ways to meet the same failure, on this machine's CPUs (2 gloo ranks):
    dies the same way each time, and finally fails.
 3. ``accelerate.find_executable_batch_size`` semantics (re-implemented here: accelerate is not
    a dependency): in-process, batch x0.9 on each OOM, accumulation untouched. Run for real on
-   the example model under an address-space cap: it survives, but the global batch changes.
+   the example model under an address-space cap sized by the job itself
+   (``dssup.runtime.standin``: what micro-batch 16 holds when its logits exist, plus 1 MiB, the
+   same on any machine): it survives, but the global batch changes.
 
     .venv/bin/python bench/supervisor_recovery.py [--runs 3]
 """
@@ -104,7 +106,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 import train_tiny as t
-from dssup.runtime import memory_cap
+from dssup.runtime.standin import DeviceStandIn
 
 def should_reduce_batch_size(exc):  # accelerate.utils.memory, same strings
     markers = [" out of memory.", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
@@ -112,10 +114,20 @@ def should_reduce_batch_size(exc):  # accelerate.utils.memory, same strings
     return isinstance(exc, RuntimeError) and len(exc.args) == 1 and any(m in exc.args[0] for m in markers)
 
 torch.set_num_threads(1)
+t.own_kernels()
 args = t.parse_args([])
 model, opt = t.build(args)
 t.train_step(args, model, None, opt, 0, 0, 16, 16, 1)  # warm up at short sequences
-memory_cap(int(sys.argv[2]) << 20)
+t.dry_micro_batch(args, model, 5)                      # and one sample at the long ones
+model.zero_grad(set_to_none=True)
+device = DeviceStandIn()  # the device: what micro-batch 16 holds at its logits, plus 1 MiB
+device.start()
+
+def at_logits(*_):  # a forward hook that returns None: the logits stay what they were
+    if device.pending:
+        device.fill()
+
+model.head.register_forward_hook(at_logits)
 per_device, accum, world = 16, 1, 2   # the job asked for global batch 16 x 1 x 2 = 32
 tried, t0 = [], time.time()
 while True:                          # find_executable_batch_size, new semantics (x0.9)
@@ -135,9 +147,9 @@ print(json.dumps({"tried": tried, "final_per_device": per_device,
 """
 
 
-def accelerate_semantics(cap_mib: int) -> dict[str, object]:
+def accelerate_semantics() -> dict[str, object]:
     res = subprocess.run(
-        [sys.executable, "-c", ACCELERATE_CHILD, str(ROOT / "examples"), str(cap_mib)],
+        [sys.executable, "-c", ACCELERATE_CHILD, str(ROOT / "examples")],
         capture_output=True, text=True, check=False,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
@@ -149,7 +161,6 @@ def accelerate_semantics(cap_mib: int) -> dict[str, object]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--cap-mib", type=int, default=56, help="address-space budget (accelerate)")
     p.add_argument("--no-fast-fail", action="store_true", help="let torchrun tear down first")
     args = p.parse_args()
     meds, batches = {}, {}
@@ -165,7 +176,7 @@ def main() -> None:
         batches[record] = sorted({b for r in rows for b in r["batch"]})
     with tempfile.TemporaryDirectory() as tmp:
         tr = torchrun_max_restarts(Path(tmp))
-    acc = accelerate_semantics(args.cap_mib)
+    acc = accelerate_semantics()
     print()
     for record, med in meds.items():
         how = (
