@@ -20,7 +20,6 @@ allocation fails (the exception is re-raised), ``step`` when an optimizer step c
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -33,9 +32,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn import functional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import train_guarded as guarded
 import train_tiny as tiny
 
 from dssup.runtime import StepGuard, clean_exit, read_plan
@@ -68,32 +67,23 @@ def latest(root: Path | None) -> Path | None:
     return done[-1] if done else None
 
 
-def loss_fn(args, model, share, seq, cap=None, step=0):  # type: ignore[no-untyped-def]
-    """The guard's loss of one micro-batch; ``cap`` (train_tiny's ``MemoryCap``) sees which
-    micro-batch of ``step`` this is, so the device is sized at the first one's logits."""
-    calls = itertools.count()
+def loss_fn(args, model, share, seq, cap, step):  # type: ignore[no-untyped-def]
+    """train_guarded's loss of one micro-batch (``cap`` sized at the step's first one), with
+    the bench's ``oom`` event when it fails."""
+    loss_of = guarded.loss_of(args, model, share, seq, cap, step)
 
     def fn(micro: torch.Tensor) -> torch.Tensor:
-        if cap is not None:
-            cap.micro_batch(step, next(calls))
         try:
-            logits = model(micro[:, :-1])
-            loss = functional.cross_entropy(
-                logits.reshape(-1, tiny.VOCAB), micro[:, 1:].reshape(-1), reduction="sum"
-            )
+            return loss_of(micro)
         except Exception as exc:
             if is_oom(exc):
                 event("oom", phase="forward", step=step)
             raise
-        loss = loss / (share * seq)
-        if cap is not None:
-            cap.watch(loss)
-        return loss
 
     return fn
 
 
-def plain_step(args, model, ddp, opt, step, rank, share, mb, gas, cap=None) -> None:  # type: ignore[no-untyped-def]
+def plain_step(args, model, ddp, opt, step, rank, share, mb, gas, cap) -> None:  # type: ignore[no-untyped-def]
     try:
         tiny.train_step(args, model, ddp, opt, step, rank, share, mb, gas, cap)
     except Exception as exc:
@@ -208,7 +198,8 @@ def overhead(args: argparse.Namespace) -> None:
     seq = args.long_seq_len
     data = tiny.batch(args, rank * share, share, seq)
     clock = _Clock()
-    fn = clock.timed(loss_fn(args, ddp, share, seq), "forward")
+    inert = tiny.MemoryCap(args, rank)  # no --memory-cap-* here: it caps nothing
+    fn = clock.timed(loss_fn(args, ddp, share, seq, inert, 0), "forward")
     backward = clock.timed(lambda loss: loss.backward(), "backward (plain: + overlapped sync)")
     guards = {}
     for sync in ("deferred", "last"):

@@ -13,9 +13,9 @@ Three ways to meet the same failure, on this machine's CPUs (2 gloo ranks):
    dies the same way each time, and finally fails.
 3. ``accelerate.find_executable_batch_size`` semantics (re-implemented here: accelerate is not
    a dependency): in-process, batch x0.9 on each OOM, accumulation untouched. Run for real on
-   the example model under an address-space cap sized by the job itself
-   (``dssup.runtime.standin``: what micro-batch 16 holds when its logits exist, plus 1 MiB, the
-   same on any machine): it survives, but the global batch changes.
+   the example model under an address-space cap sized by the job itself (train_tiny's
+   ``MemoryCap``, ``--memory-cap-at forward``: what micro-batch 16 holds when its logits exist,
+   plus 1 MiB, the same on any machine): it survives, but the global batch changes.
 
     .venv/bin/python bench/supervisor_recovery.py [--runs 3]
 """
@@ -106,7 +106,6 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 import train_tiny as t
-from dssup.runtime.standin import DeviceStandIn
 
 def should_reduce_batch_size(exc):  # accelerate.utils.memory, same strings
     markers = [" out of memory.", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
@@ -115,25 +114,19 @@ def should_reduce_batch_size(exc):  # accelerate.utils.memory, same strings
 
 torch.set_num_threads(1)
 t.own_kernels()
-args = t.parse_args([])
+args = t.parse_args(["--memory-cap-at", "forward", "--memory-cap-step", "5"])
 model, opt = t.build(args)
 t.train_step(args, model, None, opt, 0, 0, 16, 16, 1)  # warm up at short sequences
-t.dry_micro_batch(args, model, 5)                      # and one sample at the long ones
-model.zero_grad(set_to_none=True)
-device = DeviceStandIn()  # the device: what micro-batch 16 holds at its logits, plus 1 MiB
-device.start()
-
-def at_logits(*_):  # a forward hook that returns None: the logits stay what they were
-    if device.pending:
-        device.fill()
-
-model.head.register_forward_hook(at_logits)
+# the device: a dry sample at the long length, then what micro-batch 16 of step 5 holds at
+# its logits, plus 1 MiB (train_tiny's --memory-cap-at, as in the tests)
+cap = t.MemoryCap(args, 0)
+cap.start(model, lambda: t.dry_micro_batch(args, model, 5))
 per_device, accum, world = 16, 1, 2   # the job asked for global batch 16 x 1 x 2 = 32
 tried, t0 = [], time.time()
 while True:                          # find_executable_batch_size, new semantics (x0.9)
     tried.append(per_device)
     try:
-        t.train_step(args, model, None, opt, 5, 0, per_device * accum, per_device, accum)
+        t.train_step(args, model, None, opt, 5, 0, per_device * accum, per_device, accum, cap)
         break
     except Exception as exc:
         if not should_reduce_batch_size(exc):
