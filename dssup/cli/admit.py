@@ -15,6 +15,7 @@ import click
 from dssup.admission.offline import AdmitResult, admit, load_documents
 from dssup.admission.settings import PolicySettings
 from dssup.cli.app import main
+from dssup.cli.values import Choice, Real, Size
 from dssup.errors import ConfigError
 from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.memory.gpus import parse_size
@@ -28,6 +29,7 @@ def policy_options(fn: Any) -> Any:
         [
             click.option(
                 "--reserve",
+                type=Size("buffer"),
                 default="0",
                 show_default=True,
                 help="Memory kept free on every GPU on top of what the driver keeps (other "
@@ -36,7 +38,7 @@ def policy_options(fn: Any) -> Any:
             ),
             click.option(
                 "--plan-margin",
-                type=float,
+                type=Real(0.0, 1.0, hi_open=True),
                 default=DEFAULT_MARGIN,
                 show_default=True,
                 help="Fraction of usable memory a resized config must leave free. Default none: "
@@ -150,7 +152,7 @@ def _read(name: str, flag: str) -> str:
 @click.option("--no-mutate", is_flag=True, help="Only validate: do not try to resize.")
 @click.option(
     "--namespace-mode",
-    type=click.Choice(["enforce", "warn", "off"]),
+    type=Choice(["enforce", "warn", "off"]),
     default=None,
     help="Judge as in an enforcing namespace (resize, deny), a warning one (warnings only) or "
     "an excluded one. Default: what a Namespace in the input says, else enforce.",
@@ -161,9 +163,7 @@ def _read(name: str, flag: str) -> str:
     show_default=True,
     help="ConfigMaps the webhook watches; others in the input are not used (as in the server).",
 )
-@click.option(
-    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+@click.option("-o", "--output", type=Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Same as --output json.")
 @policy_options
 def admit_cmd(

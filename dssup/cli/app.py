@@ -13,6 +13,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from dssup.cli.values import Bad, Choice
 from dssup.errors import ConfigError, DssupError
 from dssup.obs.log import configure_logging
 
@@ -32,7 +33,16 @@ class DssupGroup(click.Group):
         # ``args`` None: the process's own command line (the console script, ``python -m
         # dssup``), not a test runner calling in: only then is its heap frozen
         self.freeze_heap = args is None
-        return super().main(args, *rest, **kw)
+        try:
+            return super().main(args, *rest, **{**kw, "standalone_mode": False})
+        except click.UsageError as exc:  # the group's own options (``--log-level``)
+            click.echo(f"dssup: error: {_usage(exc)}", err=True)
+            sys.exit(2)
+        except click.exceptions.Exit as exc:  # --help, --version
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("dssup: aborted", err=True)
+            sys.exit(130)
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -89,8 +99,21 @@ def _usage(exc: click.UsageError) -> str:
     if isinstance(exc, click.MissingParameter) and exc.param is not None and exc.param.opts:
         flag = max(exc.param.opts, key=len)
         return f"{flag}: missing; add {flag} ({help_})"
+    if isinstance(exc, Bad):  # the edge's own check (``values.py``): flag, problem, fix
+        return f"{_param_flag(exc.param)}: {exc.problem}; {exc.fix}"
+    if isinstance(exc, click.BadParameter) and exc.param is not None:
+        return f"{_param_flag(exc.param)}: {' '.join(exc.message.split()).rstrip('.')}; {help_}"
     msg = " ".join(exc.format_message().split()).rstrip(".")
     return f"{msg}; {help_}"
+
+
+def _param_flag(param: click.Parameter | None) -> str:
+    if param is None:
+        return "value"
+    if not param.opts or isinstance(param, click.Argument):
+        return (param.name or "value").upper()
+    longs = [o for o in param.opts if o.startswith("--")] or list(param.opts)
+    return "/".join(longs)
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -112,12 +135,18 @@ def _first_error(exc: ValidationError) -> str:
 @click.group(cls=DssupGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--log-format",
-    type=click.Choice(["text", "json"]),
+    type=Choice(["text", "json"]),
     default="text",
     show_default=True,
     help="Log lines as human text or one JSON object per line.",
 )
-@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING, ERROR.")
+@click.option(
+    "--log-level",
+    type=Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Least severe log lines shown.",
+)
 @click.version_option(package_name="dssup")
 def main(log_format: str, log_level: str) -> None:
     """dssup keeps distributed training jobs from dying of GPU out-of-memory.

@@ -17,6 +17,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.measure import REFERENCE, TRACED, common_options, reference_spec
 from dssup.cli.traced import run_child, source_options, traced_knobs, traced_source
+from dssup.cli.values import TRACE_SEQ_LEN, Choice
 from dssup.errors import ConfigError
 from dssup.memory.profile import EagerProfile
 from dssup.memory.traced import TracedProfile
@@ -107,13 +108,13 @@ def _report(p: TracedProfile, out: Path) -> str:
 )
 @click.option(
     "--check-seq-len",
-    type=int,
+    type=TRACE_SEQ_LEN,
     default=None,
     help="--hf/--module: length of the check trace the fit never sees (default: 3*seq/4).",
 )
 @click.option(
     "--recompute-levels",
-    type=click.Choice(["none,full", "none", "full"]),
+    type=Choice(["none,full", "none", "full"]),
     default="none,full",
     show_default=True,
     help="--hf/--module: levels traced (full: every repeated block checkpointed).",

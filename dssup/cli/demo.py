@@ -28,6 +28,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.render import render_estimate
 from dssup.cli.run import build_supervisor, print_summary
+from dssup.cli.values import Whole
 from dssup.errors import ConfigError
 from dssup.memory import GiB, Layout, PlanRequest, Training, estimate, plan, preset
 
@@ -97,7 +98,7 @@ def _reference(work: Path, echo: Any) -> None:
 @main.command("demo")
 @click.option("--workdir", type=click.Path(path_type=Path), default=None,
               help="Where the run directory, checkpoints and weights go (default ./dssup-runs/demo-<time>).")  # fmt: skip
-@click.option("--memory-cap-mib", type=click.IntRange(min=1), default=None,
+@click.option("--memory-cap-mib", type=Whole(1, 1 << 20), default=None,
               help="A fixed address-space budget for rank 1 instead (default: what micro-batch "
               "16 holds when step 4's logits exist, measured by the job itself).")  # fmt: skip
 @click.option("--skip-estimate", is_flag=True, help="Only the recovery part.")

@@ -33,6 +33,7 @@ from dssup.cli.options import (
 )
 from dssup.cli.render_plan import capacity_note
 from dssup.cli.run import build_supervisor, print_summary, run_cmd
+from dssup.cli.values import BATCH, DEGREE, NODE_RANK, SECONDS, Real
 from dssup.elastic import ElasticRequest, ElasticTable, MemoryContext, NodeRange, solve
 from dssup.errors import ConfigError
 from dssup.memory.capacity import DEFAULT_MARGIN, Band, near_words
@@ -131,9 +132,9 @@ def render_table(table: ElasticTable, notes: Sequence[str] = ()) -> str:
 @main.command("plan-elastic")
 @model_options
 @click.option("--nnodes", required=True, help="Node range MIN:MAX (or N), as torchrun takes it.")
-@click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Ranks per node.")
-@click.option("--global-batch-size", type=int, required=True, help="Kept exact at every size.")
-@click.option("--max-micro-batch", type=int, default=None, help="Largest micro-batch listed.")
+@click.option("--nproc-per-node", type=DEGREE, default=1, show_default=True, help="Ranks per node.")
+@click.option("--global-batch-size", type=BATCH, required=True, help="Kept exact at every size.")
+@click.option("--max-micro-batch", type=BATCH, default=None, help="Largest micro-batch listed.")
 @click.option("--no-memory", is_flag=True, help="Batch arithmetic only, no memory model.")
 @margin_option
 @layout_options
@@ -171,15 +172,23 @@ run_cmd.params[-1:-1] = [
     ),
     click.Option(
         ["--node-rank"],
-        type=int,
+        type=NODE_RANK,
         default=None,
         help="Multi-node: this node's rank (default: PET_NODE_RANK, or torchrun --node-rank).",
     ),
-    click.Option(["--heartbeat"], type=float, default=2.0, help="Multi-node heartbeat period, s."),
     click.Option(
-        ["--member-timeout"], type=float, default=20.0, help="A node silent this long is gone, s."
+        ["--heartbeat"],
+        type=Real(0.0, 3600.0, lo_open=True),
+        default=2.0,
+        help="Multi-node heartbeat period, s.",
     ),
-    click.Option(["--settle"], type=float, default=5.0, help="Wait for late nodes up to MAX, s."),
+    click.Option(
+        ["--member-timeout"],
+        type=Real(0.0, 86400.0, lo_open=True),
+        default=20.0,
+        help="A node silent this long is gone, s.",
+    ),
+    click.Option(["--settle"], type=SECONDS, default=5.0, help="Wait for late nodes up to MAX, s."),
 ]
 _single_node = run_cmd.callback
 

@@ -22,6 +22,7 @@ from dssup.cli.options import (
 from dssup.cli.plot import plot_estimate
 from dssup.cli.render import render_estimate
 from dssup.cli.render_plan import capacity_note
+from dssup.cli.values import BATCH, DEGREE, GPUS
 from dssup.errors import ConfigError
 from dssup.memory import Estimate, estimate
 from dssup.memory.best_split import choose_split
@@ -97,18 +98,18 @@ def run_estimate(o: dict[str, Any], given: set[str] | None = None) -> Estimate:
 @main.command("estimate")
 @model_options
 @layout_options
-@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel size.")
+@click.option("--dp", type=DEGREE, default=1, show_default=True, help="Data-parallel size.")
 @click.option(
     "--world-size",
     "--gpus",
     "world_size",
-    type=int,
+    type=GPUS,
     default=None,
     help="Total GPUs; sets --dp to world / (tp*pp*cp).",
 )
 @click.option(
     "--global-batch-size",
-    type=int,
+    type=BATCH,
     default=None,
     help="Sequences per step; sets --grad-accum = global / (micro x dp).",
 )

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from dssup.cli.values import Choice, Real, Whole
 from dssup.errors import ConfigError
 from dssup.memory.cost import CostModel
 from dssup.memory.gpus import find_gpu
@@ -50,17 +51,17 @@ def hardware_options(fn: F) -> F:
         ),
         click.option(
             "--host-cores",
-            type=click.IntRange(min=1),
+            type=Whole(1, 1 << 16),
             default=None,
             help="Physical CPU cores per node (CPU Adam speed under optimizer offload).",
         ),
         *[
-            click.option(flag, type=click.FloatRange(min=0, min_open=True), default=None, help=h)
+            click.option(flag, type=Real(0.0, 1e9, lo_open=True), default=None, help=h)
             for flag, _, h, _ in _FIGURES
         ],
         click.option(
             "--compute-dtype",
-            type=click.Choice(["bf16", "fp8"]),
+            type=Choice(["bf16", "fp8"]),
             default="bf16",
             show_default=True,
             help="GEMM precision of the job (fp8: TransformerEngine/DeepSeek FP8 GEMMs).",
@@ -73,7 +74,7 @@ def hardware_options(fn: F) -> F:
         ),
         click.option(
             "--ep-dispatch",
-            type=click.Choice(["alltoall", "dedup"]),
+            type=Choice(["alltoall", "dedup"]),
             default="alltoall",
             show_default=True,
             help="Expert dispatch: one copy per (token, expert), or one per (token, node) across "

@@ -18,6 +18,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.options import load_profile
 from dssup.cli.traced import run_child, source_options, traced_knobs, traced_source
+from dssup.cli.values import BATCH, DEGREE, LAYERS, TRACE_SEQ_LEN, Choice, Real, Whole
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
 from dssup.memory.profile import EagerProfile
@@ -111,25 +112,32 @@ def common_options(fn: Any) -> Any:
             default=None,
             help="Preset name or config.json path: dssup's reference blocks of that size.",
         ),
-        click.option("--layers", type=int, default=None, help="Override the layer count."),
-        click.option("--seq-len", type=int, default=128, show_default=True, help="Tokens/seq."),
+        click.option("--layers", type=LAYERS, default=None, help="Override the layer count."),
         click.option(
-            "--dtype", type=click.Choice(["fp32", "bf16", "amp"]), default="fp32", show_default=True
+            "--seq-len", type=TRACE_SEQ_LEN, default=128, show_default=True, help="Tokens/seq."
+        ),
+        click.option(
+            "--dtype", type=Choice(["fp32", "bf16", "amp"]), default="fp32", show_default=True
         ),
         click.option(
             "--optimizer",
-            type=click.Choice(["foreach", "fused", "forloop"]),
+            type=Choice(["foreach", "fused", "forloop"]),
             default="foreach",
             show_default=True,
             help="AdamW implementation.",
         ),
         click.option(
             "--moe-routing",
-            type=click.Choice(["capacity", "dropless"]),
+            type=Choice(["capacity", "dropless"]),
             default="capacity",
             show_default=True,
         ),
-        click.option("--capacity-factor", type=float, default=1.25, show_default=True),
+        click.option(
+            "--capacity-factor",
+            type=Real(0.0, 1000.0, lo_open=True),
+            default=1.25,
+            show_default=True,
+        ),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -139,26 +147,28 @@ def common_options(fn: Any) -> Any:
 @main.command("measure")
 @common_options
 @source_options
-@click.option("--micro-batch", "-b", type=int, default=1, show_default=True)
+@click.option("--micro-batch", "-b", type=BATCH, default=1, show_default=True)
 @click.option(
     "--recompute",
-    type=click.Choice(["none", "selective", "full"]),
+    type=Choice(["none", "selective", "full"]),
     default="none",
     show_default=True,
 )
-@click.option("--steps", type=int, default=2, show_default=True, help="Optimizer steps measured.")
 @click.option(
-    "--dp", type=int, default=1, show_default=True, help="Data-parallel ranks (rank 0 measured)."
+    "--steps", type=Whole(1, 1000), default=2, show_default=True, help="Optimizer steps measured."
 )
 @click.option(
-    "--zero", type=click.IntRange(0, 2), default=0, show_default=True, help="ZeRO stage over --dp."
+    "--dp", type=DEGREE, default=1, show_default=True, help="Data-parallel ranks (rank 0 measured)."
+)
+@click.option(
+    "--zero", type=Whole(0, 2), default=0, show_default=True, help="ZeRO stage over --dp."
 )
 @click.option(
     "--offload-optimizer", is_flag=True, help="Optimizer states on the host (device peak shown)."
 )
 @click.option(
     "--mode",
-    type=click.Choice(["real", "fake"]),
+    type=Choice(["real", "fake"]),
     default="real",
     show_default=True,
     help="real: CPU tensors, cross-checked with torch.profiler; fake: FakeTensorMode trace.",

@@ -14,6 +14,17 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from dssup.cli.values import (
+    BATCH,
+    DEGREE,
+    LAYERS,
+    SEQ_LEN,
+    Choice,
+    Real,
+    Size,
+    Whole,
+    force_gpu_memory_option,
+)
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training
 from dssup.memory.capacity import DEFAULT_MARGIN
@@ -45,7 +56,7 @@ def margin_option(fn: F) -> F:
     """``--margin``, as ``plan``, ``plan --nnodes`` and ``plan-elastic`` read it."""
     return click.option(
         "--margin",
-        type=click.FloatRange(min=0, max=1, max_open=True),
+        type=Real(0.0, 1.0, hi_open=True),
         default=DEFAULT_MARGIN,
         show_default=True,
         help="Extra fraction of the usable GPU memory kept free. The CUDA context, buffers and "
@@ -76,7 +87,7 @@ def _apply(options: list[Callable[[F], F]]) -> Callable[[F], F]:
 
 def _choice(flag: str, choices: list[str], help: str) -> Callable[[F], F]:
     """An optional choice whose default is decided downstream (and printed there)."""
-    return click.option(flag, type=click.Choice(choices), default=None, help=help)
+    return click.option(flag, type=Choice(choices), default=None, help=help)
 
 
 def model_options(fn: F) -> F:
@@ -100,7 +111,7 @@ def model_options(fn: F) -> F:
             ),
             click.option(
                 "--convention",
-                type=click.Choice(["megatron", "paper"]),
+                type=Choice(["megatron", "paper"]),
                 default="megatron",
                 show_default=True,
                 help="megatron: what Megatron/DeepSeek code holds; paper: arXiv 2502.07846 "
@@ -108,6 +119,7 @@ def model_options(fn: F) -> F:
             ),
             click.option(
                 "--gpu-memory",
+                type=Size("gpu", many=True),  # plan-elastic, plan --nnodes: one per GPU type
                 default=None,
                 help="GPU capacity to check against: 80GiB, 80GB, or a GPU name (H100, "
                 "A100-40GB, NVIDIA-H100-80GB-HBM3) read as its driver reports it; `dssup gpus` "
@@ -115,13 +127,15 @@ def model_options(fn: F) -> F:
             ),
             click.option(
                 "--host-memory",
+                type=Size("host"),
                 default=None,
                 help="Host (CPU) memory per node to check against, e.g. 2TiB: offloaded states "
                 "and the model build must fit it too.",
             ),
+            force_gpu_memory_option,
             click.option(
                 "--gpus-per-node",
-                type=click.IntRange(min=1),
+                type=DEGREE,
                 default=None,
                 help="GPUs sharing one host (default: the reference node of the --gpu-memory "
                 "GPU, e.g. 8 for H100; else 8).",
@@ -134,7 +148,7 @@ def layout_options(fn: F) -> F:
     return _apply(
         [
             click.option(
-                "--tp", type=int, default=1, show_default=True, help="Tensor-parallel size."
+                "--tp", type=DEGREE, default=1, show_default=True, help="Tensor-parallel size."
             ),
             click.option(
                 "--sp/--no-sp",
@@ -142,28 +156,34 @@ def layout_options(fn: F) -> F:
                 show_default=True,
                 help="Sequence parallelism with TP (shards norms and dropout by TP).",
             ),
-            click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages."),
+            click.option(
+                "--pp", type=DEGREE, default=1, show_default=True, help="Pipeline stages."
+            ),
             click.option(
                 "--vpp",
-                type=int,
+                type=DEGREE,
                 default=1,
                 show_default=True,
                 help="Virtual stages per pipeline rank (interleaved 1F1B when > 1).",
             ),
             click.option(
                 "--schedule",
-                type=click.Choice(["1f1b", "interleaved", "dualpipe"]),
+                type=Choice(["1f1b", "interleaved", "dualpipe"]),
                 default=None,
                 help="Pipeline schedule (default: 1f1b, interleaved if --vpp > 1).",
             ),
             click.option(
-                "--ep", type=int, default=1, show_default=True, help="Expert-parallel size."
+                "--ep", type=DEGREE, default=1, show_default=True, help="Expert-parallel size."
             ),
             click.option(
-                "--etp", type=int, default=1, show_default=True, help="Expert tensor-parallel size."
+                "--etp",
+                type=DEGREE,
+                default=1,
+                show_default=True,
+                help="Expert tensor-parallel size.",
             ),
             click.option(
-                "--cp", type=int, default=1, show_default=True, help="Context-parallel size."
+                "--cp", type=DEGREE, default=1, show_default=True, help="Context-parallel size."
             ),
             click.option(
                 "--layers-per-stage",
@@ -173,7 +193,7 @@ def layout_options(fn: F) -> F:
             ),
             click.option(
                 "--vpp-group",
-                type=click.IntRange(min=1),
+                type=DEGREE,
                 default=None,
                 help="Interleaved: micro-batches per virtual stage at a time (Megatron "
                 "--microbatch-group-size-per-virtual-pipeline-stage; default: pp).",
@@ -189,23 +209,27 @@ def training_options(fn: F) -> F:
                 "--micro-batch",
                 "--micro-batch-size",
                 "micro_batch",
-                type=int,
+                type=BATCH,
                 default=1,
                 show_default=True,
                 help="Sequences per micro-batch per data-parallel rank.",
             ),
             click.option(
-                "--seq-len", type=int, default=4096, show_default=True, help="Tokens per sequence."
+                "--seq-len",
+                type=SEQ_LEN,
+                default=4096,
+                show_default=True,
+                help="Tokens per sequence.",
             ),
             click.option(
                 "--grad-accum",
-                type=int,
+                type=BATCH,
                 default=None,
                 help="Micro-batches per step (default: from --global-batch-size, else 1).",
             ),
             click.option(
                 "--recompute",
-                type=click.Choice(["none", "selective", "full"]),
+                type=Choice(["none", "selective", "full"]),
                 default="none",
                 show_default=True,
                 help="Activation recomputation (transformers/deepspeed: full = "
@@ -220,14 +244,14 @@ def training_options(fn: F) -> F:
             ),
             click.option(
                 "--recompute-method",
-                type=click.Choice(["uniform", "block"]),
+                type=Choice(["uniform", "block"]),
                 default=None,
                 help="Full recompute: checkpoint every unit of --recompute-num-layers layers "
                 "(uniform, default) or only the first that many layers of each stage (block).",
             ),
             click.option(
                 "--recompute-num-layers",
-                type=click.IntRange(min=1),
+                type=LAYERS,
                 default=None,
                 help="Full recompute: layers per unit (uniform) or per stage (block); default 1.",
             ),
@@ -269,21 +293,21 @@ def training_options(fn: F) -> F:
             ),
             click.option(
                 "--zero",
-                type=click.IntRange(0, 3),
+                type=Whole(0, 3),
                 default=0,
                 show_default=True,
                 help="ZeRO stage (1: optimizer, 2: +gradients, 3: +parameters sharded).",
             ),
             click.option(
                 "--offload",
-                type=click.Choice(["none", "optimizer", "params", "both"]),
+                type=Choice(["none", "optimizer", "params", "both"]),
                 default="none",
                 show_default=True,
                 help="Move optimizer states and/or (ZeRO-3) parameters to host memory.",
             ),
             click.option(
                 "--precision",
-                type=click.Choice(["bf16", "fp16", "bf16-lowmom", "fp8", "fp32"]),
+                type=Choice(["bf16", "fp16", "bf16-lowmom", "fp8", "fp32"]),
                 default=None,
                 help="Bytes per state (default: convention's; paper = bf16-lowmom). fp8: bf16 "
                 "with linear-layer inputs cached in FP8 (TransformerEngine, DeepSeek-V3).",
@@ -305,7 +329,7 @@ def training_options(fn: F) -> F:
             ),
             click.option(
                 "--moe-imbalance",
-                type=float,
+                type=Real(1.0, 1000.0),
                 default=1.0,
                 show_default=True,
                 help="Max/mean routed tokens per rank (megatron convention).",
@@ -318,27 +342,33 @@ def overhead_options(fn: F) -> F:
     return _apply(
         [
             click.option(
-                "--comm-buffer", default=None, help="Communication buffers per GPU (e.g. 1GiB)."
+                "--comm-buffer",
+                type=Size("buffer"),
+                default=None,
+                help="Communication buffers per GPU (e.g. 1GiB).",
             ),
             click.option(
                 "--fragmentation",
-                type=float,
+                type=Real(0.0, 10.0),
                 default=None,
                 help="Allocator fragmentation, fraction of allocated (e.g. 0.1).",
             ),
             click.option(
-                "--cuda-context", default=None, help="CUDA context per GPU (e.g. 0.75GiB)."
+                "--cuda-context",
+                type=Size("buffer"),
+                default=None,
+                help="CUDA context per GPU (e.g. 0.75GiB).",
             ),
             click.option(
                 "--host-overhead",
-                type=click.FloatRange(min=0.0),
+                type=Real(0.0, 100.0),
                 default=None,
                 help="Host memory over the exact offloaded states, as a fraction (default 0.5, "
                 "DeepSpeed's estimator's 1.5 buffer factor).",
             ),
             click.option(
                 "--host-load-dtype",
-                type=click.Choice(["none", "bf16", "fp16", "fp32"]),
+                type=Choice(["none", "bf16", "fp16", "fp32"]),
                 default="none",
                 show_default=True,
                 help="Dtype in which every process builds the whole model on the host before "

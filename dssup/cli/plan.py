@@ -24,6 +24,7 @@ from dssup.cli.options import (
     training_options,
 )
 from dssup.cli.render_plan import capacity_note, render_plan
+from dssup.cli.values import BATCH, COUNT, DEGREE, GPUS
 from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, PlanRequest, plan
 from dssup.memory.frameworks import runnable_frameworks
@@ -41,7 +42,7 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
     "--gpus",
     "--world-size",
     "world_size",
-    type=click.IntRange(min=1),
+    type=GPUS,
     default=None,
     help="Total GPUs.",
 )
@@ -52,14 +53,14 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
 )
 @click.option(
     "--nproc-per-node",
-    type=click.IntRange(min=1),
+    type=DEGREE,
     default=1,
     show_default=True,
     help="With --nnodes.",
 )
 @click.option(
     "--global-batch-size",
-    type=click.IntRange(min=1),
+    type=BATCH,
     required=True,
     help="Sequences per optimizer step; every plan keeps it exact.",
 )
@@ -83,7 +84,7 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
 )
 @click.option(
     "--max-tp",
-    type=click.IntRange(min=1),
+    type=DEGREE,
     default=8,
     show_default=True,
     help="Largest TP to consider.",
@@ -91,12 +92,10 @@ _PINS = {"tp": "tp", "pp": "pp", "ep": "ep", "schedule": "schedule", "vpp": "vpp
 @click.option("--no-offload", is_flag=True, help="Never propose optimizer or parameter offload.")
 @click.option("--zero-stages", default=None, help="ZeRO stages allowed (default 0,1,2,3).")
 @margin_option
-@click.option(
-    "--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to print."
-)
+@click.option("--top", type=COUNT, default=10, show_default=True, help="Rows to print.")
 @click.option(
     "--explain",
-    type=click.IntRange(min=1),
+    type=COUNT,
     default=None,
     help="Print the step-time breakdown of row N (every term, every hardware figure).",
 )

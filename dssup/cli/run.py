@@ -17,6 +17,18 @@ from typing import Any
 import click
 
 from dssup.cli.app import main
+from dssup.cli.values import (
+    BATCH,
+    COUNT,
+    DEGREE,
+    SECONDS,
+    SEQ_LEN,
+    Choice,
+    Real,
+    Size,
+    Whole,
+    force_gpu_memory_option,
+)
 from dssup.errors import ConfigError
 from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.obs.metrics import Metrics, NullMetrics, PrometheusMetrics
@@ -230,40 +242,43 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
 )
 @click.option("--run-dir", type=click.Path(path_type=Path), help="Default ./dssup-runs/<run-id>.")
 @click.option("--resume", type=click.Path(exists=True, path_type=Path), help="Continue this run.")
-@click.option("--global-batch-size", type=int, help="Sequences per optimizer step (kept exact).")
-@click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per rank.")
-@click.option("--grad-accum", type=int, help="Micro-batches per optimizer step.")
-@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None)
-@click.option("--zero-stage", type=int, default=None, help="DeepSpeed ZeRO stage of attempt 1.")
+@click.option("--global-batch-size", type=BATCH, help="Sequences per optimizer step (kept exact).")
+@click.option("--micro-batch-size", type=BATCH, help="Sequences per micro-batch per rank.")
+@click.option("--grad-accum", type=BATCH, help="Micro-batches per optimizer step.")
+@click.option("--recompute", type=Choice(["none", "selective", "full"]), default=None)
+@click.option(
+    "--zero-stage", type=Whole(0, 3), default=None, help="DeepSpeed ZeRO stage of attempt 1."
+)
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path), help="Where the job saves.")
 @click.option("--checkpoint-pattern", help="Glob under --checkpoint-dir (default: auto-detect).")
 @click.option("--model", help="Preset or config.json: plan remedies with the memory model.")
-@click.option("--gpu-memory", help="GPU capacity for --model: 80GiB, H100, ...")
+@click.option("--gpu-memory", type=Size("gpu"), help="GPU capacity for --model: 80GiB, H100, ...")
+@force_gpu_memory_option
 @click.option(
     "--calibration",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Profile from `dssup calibrate` for --model (your own model code's bytes).",
 )
-@click.option("--seq-len", type=int, default=4096, show_default=True)
-@click.option("--tp", type=int, default=1, show_default=True)
-@click.option("--pp", type=int, default=1, show_default=True)
-@click.option("--cp", type=int, default=1, show_default=True)
-@click.option("--ep", type=int, default=1, show_default=True)
+@click.option("--seq-len", type=SEQ_LEN, default=4096, show_default=True)
+@click.option("--tp", type=DEGREE, default=1, show_default=True)
+@click.option("--pp", type=DEGREE, default=1, show_default=True)
+@click.option("--cp", type=DEGREE, default=1, show_default=True)
+@click.option("--ep", type=DEGREE, default=1, show_default=True)
 @click.option(
     "--margin",
-    type=float,
+    type=Real(0.0, 1.0, hi_open=True),
     default=DEFAULT_MARGIN,
     show_default=True,
     help="Extra fraction of the GPU memory a --model remedy keeps free. Default none: a fit is "
     "judged against what CUDA can allocate; a remedy within the memory model's uncertainty "
     "says so.",
 )
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
-@click.option("--max-attempts", type=int, default=8, show_default=True)
-@click.option("--max-no-progress", type=int, default=5, show_default=True)
-@click.option("--transient-retries", type=int, default=3, show_default=True)
-@click.option("--backoff", type=float, default=1.0, show_default=True, help="First backoff, s.")
-@click.option("--grace", type=float, default=10.0, show_default=True, help="SIGTERM->SIGKILL, s.")
+@click.option("--device", type=Choice(["auto", "cpu", "cuda"]), default="auto")
+@click.option("--max-attempts", type=COUNT, default=8, show_default=True)
+@click.option("--max-no-progress", type=COUNT, default=5, show_default=True)
+@click.option("--transient-retries", type=Whole(0, 100_000), default=3, show_default=True)
+@click.option("--backoff", type=SECONDS, default=1.0, show_default=True, help="First backoff, s.")
+@click.option("--grace", type=SECONDS, default=10.0, show_default=True, help="SIGTERM->SIGKILL, s.")
 @click.option("--metrics-textfile", type=click.Path(path_type=Path), help="Prometheus textfile.")
 @click.option("--quiet", is_flag=True, help="Do not copy torchrun's output to stdout.")
 @click.option(

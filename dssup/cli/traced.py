@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from dssup.cli.values import Choice
 from dssup.errors import ConfigError, DssupError
 from dssup.modelio import read_config
 
@@ -87,7 +88,7 @@ def source_options(fn: Any) -> Any:
         ),
         click.option(
             "--attn",
-            type=click.Choice(["sdpa", "eager"]),
+            type=Choice(["sdpa", "eager"]),
             default=None,
             help="--hf: transformers attn_implementation (default sdpa).",
         ),

@@ -24,6 +24,7 @@ from dssup.admission.server import ServeOptions, WebhookServer
 from dssup.admission.settings import PolicySettings
 from dssup.cli.admit import policy_options, policy_settings
 from dssup.cli.app import main
+from dssup.cli.values import PORT, Real, Size
 from dssup.errors import ConfigError
 from dssup.memory.gpus import parse_bytes
 from dssup.obs.metrics import PrometheusMetrics
@@ -119,38 +120,42 @@ async def _serve(server: WebhookServer) -> None:
 @click.option("--host", default="0.0.0.0", show_default=True, help="Listen address.")  # noqa: S104
 @click.option(
     "--port",
-    type=int,
+    type=PORT,
     default=9443,
     show_default=True,
     help="HTTPS port (/mutate /validate /warn).",
 )
 @click.option(
     "--health-port",
-    type=int,
+    type=PORT,
     default=8081,
     show_default=True,
     help="Plain HTTP port (/healthz /readyz /metrics).",
 )
 @click.option(
-    "--max-body", default="8MiB", show_default=True, help="Largest request body (413 past it)."
+    "--max-body",
+    type=Size("bytes"),
+    default="8MiB",
+    show_default=True,
+    help="Largest request body (413 past it).",
 )
 @click.option(
     "--drain",
-    type=float,
+    type=Real(0.0, 3600.0),
     default=3.0,
     show_default=True,
     help="Seconds not-ready before stopping on SIGTERM.",
 )
 @click.option(
     "--read-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Real(0.0, 3600.0, lo_open=True),
     default=10.0,
     show_default=True,
     help="Seconds a request's headers may take from its first byte, and its body after them.",
 )
 @click.option(
     "--judge-deadline",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Real(0.0, 3600.0, lo_open=True),
     default=1.0,
     show_default=True,
     help="Seconds after which a large review is allowed unjudged, with a warning.",

@@ -37,7 +37,7 @@ _UNITS = {
     "tib": 1 << 40,
     "ti": 1 << 40,
 }
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]{0,20}\.?[0-9]{1,20})\s*([a-zA-Z]{0,8})\s*$")
 SIZE_HINT = "write a unit (80GiB, 80GB, 512MiB, 1024B) or a GPU name such as H100 (see dssup gpus)"
 UNIT_HINT = "write a unit (80GiB, 80GB, 512MiB, 1024B)"  # where a GPU name means nothing
 

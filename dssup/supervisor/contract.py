@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dssup.errors import ConfigError
 from dssup.supervisor.models import TrainingPlan
 from dssup.supervisor.report import ENV_VAR as REPORT_ENV
 from dssup.supervisor.report import report_path
@@ -79,6 +80,9 @@ def rewrite_flags(args: list[str], plan: TrainingPlan) -> list[str]:
 _GC_FLAGS = {"--gradient_checkpointing", "--gradient-checkpointing"}
 
 
+MAX_BATCH = 1 << 24  # the CLI's bound on a batch (``dssup/cli/values.py``)
+
+
 def read_plan_flags(args: list[str]) -> dict[str, int]:
     """Batch settings the user already passes to the script (the initial plan's fallback)."""
     found: dict[str, int] = {}
@@ -89,6 +93,12 @@ def read_plan_flags(args: list[str]) -> dict[str, int]:
             continue
         raw = inline if sep else (args[i + 1] if i + 1 < len(args) else "")
         if raw.isdigit():
+            if not 1 <= int(raw) <= MAX_BATCH:
+                raise ConfigError(
+                    f"the command's {name}",
+                    f"{raw} is out of range",
+                    f"give the script a whole number from 1 to {MAX_BATCH}",
+                )
             found[field] = int(raw)
     return found
 

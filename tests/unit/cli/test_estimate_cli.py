@@ -140,7 +140,10 @@ def test_hf_config_file(tmp_path: Path) -> None:
             ["--model", "deepseek-v3", "--pp", "99", "--grad-accum", "4"],
             "--pp: 99 stages for 61 layers; use at most 61",
         ),
-        (["--model", "deepseek-v3", "--micro-batch", "-1"], "--micro-batch: "),
+        (
+            ["--model", "deepseek-v3", "--micro-batch", "-1"],
+            "--micro-batch/--micro-batch-size: -1 is out of range; use a whole number from 1",
+        ),
         (["--model", "deepseek-v3", "--seq-len", "-5"], "--seq-len: "),
         (
             ["--model", "llama-3-8b", "--ep", "2", "--dp", "2"],
