@@ -2,15 +2,19 @@
 
 This is the one place that reads model files, so the memory model itself stays free of I/O.
 The order is: an existing path (file or folder), a Hub id the registry ships
-(``dssup.modelzoo``), a preset name. Every failure is one ``--model`` line that says what was
-found and what to pass instead: a binary file, JSON that is not a model config, DeepSeek's own
-inference config, an unknown ``model_type``.
+(``dssup.modelzoo``), a Hub id in the local Hugging Face cache (nothing is downloaded), a
+preset name; ``--model`` (estimate, plan, run) and ``--hf`` (calibrate, measure) take the same
+sources. Every failure is one line naming the flag, what was found and what to pass instead: a
+binary file, JSON that is not a model config, DeepSeek's own inference config, an unknown
+``model_type``.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ from dssup import modelzoo
 from dssup.errors import ConfigError
 from dssup.memory import ModelSpec, model_from_hf_config, preset, preset_names
 
-__all__ = ["load_model", "model_names", "read_config", "registered_model"]
+__all__ = ["hub_cache_config", "load_model", "model_names", "read_config", "registered_model"]
 
 FLAG = "--model"
 _MAX_BYTES = 16 << 20  # a config.json is kilobytes; weights are gigabytes
@@ -110,23 +114,81 @@ def _not_found(text: str) -> ConfigError:
     hint = f"did you mean {', '.join(names[c] for c in close)}? " if close else ""
     return ConfigError(
         FLAG,
-        f"{text!r} is neither a file nor a model dssup knows",
+        f"{text[:200]!r} is neither a file nor a model dssup knows",
         f"{hint}pass a config.json path, a Hub id from `dssup models` (e.g. "
         f"meta-llama/Meta-Llama-3-70B) or a preset ({', '.join(preset_names())})",
     )
 
 
-def read_config(source: str | Path, flag: str = "--hf") -> tuple[dict[str, Any], Path]:
-    """The contents of a config.json (or of the one in a folder) and the file read; errors name
-    ``flag``, the option the path came from."""
-    path = Path(str(source)).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ConfigError(
-            flag, f"{source} is not a config.json or a folder holding one", "check the path"
-        )
+def _local(text: str) -> Path | None:
+    """The config.json at ``text`` (a file, or a folder holding one), or None when ``text``
+    names nothing on this machine. A name the filesystem cannot even look up (too long, a NUL
+    byte) names nothing."""
     try:
+        path = Path(text).expanduser()
+        if path.is_dir():
+            path = path / "config.json"
+            if not path.is_file():
+                raise ConfigError(FLAG, f"{path.parent} has no config.json", _FIX)
+        if path.is_file():
+            return path
+        if path.exists():  # a device, FIFO or socket: nothing a config is read from
+            raise ConfigError(FLAG, f"{text} is not a regular file", _FIX)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def hub_cache_config(repo_id: str) -> Path | None:
+    """The ``config.json`` of ``repo_id`` in the local Hugging Face cache (what
+    ``huggingface_hub`` downloaded earlier: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub``; the snapshot ``refs/main`` names, else the newest), or None.
+    Nothing is downloaded."""
+    parts = repo_id.strip().removeprefix("hf://").strip("/").split("/")
+    if len(parts) != 2 or not all(
+        re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}", p) for p in parts
+    ):
+        return None
+    home = os.environ.get("HF_HOME") or os.path.join(Path.home(), ".cache", "huggingface")
+    base = Path(os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub"))
+    repo = base / f"models--{parts[0]}--{parts[1]}"
+    try:
+        ref = repo / "refs" / "main"
+        if ref.is_file():
+            found = repo / "snapshots" / ref.read_text().strip() / "config.json"
+            if found.is_file():
+                return found
+        snaps = sorted(repo.glob("snapshots/*/config.json"), key=lambda f: f.stat().st_mtime)
+    except OSError:
+        return None
+    return snaps[-1] if snaps else None
+
+
+def read_config(source: str | Path, flag: str = "--hf") -> tuple[dict[str, Any], Path | str]:
+    """The contents of a config.json and where it was read: a file or a folder holding one, a
+    Hub id whose published config dssup ships (the same ids ``--model`` takes, ``dssup
+    models``), or a Hub id in the local Hugging Face cache. Errors name ``flag``."""
+    text = str(source).strip()
+    try:
+        path = _local(text)
+        entry = None if path is not None else modelzoo.find(text)
+        if entry is not None:
+            if entry.file is None:
+                raise ConfigError(
+                    flag,
+                    f"{entry.id} is known to dssup as the {entry.preset} preset, not as a "
+                    "published config file",
+                    "pass the model's config.json (or its folder)",
+                )
+            return modelzoo.load_config(entry), f"{entry.id} (shipped config, {entry.source.repo})"
+        path = path or hub_cache_config(text)
+        if path is None:
+            raise ConfigError(
+                flag,
+                f"{text!r} is not a config.json, a folder holding one, or a Hub id dssup ships "
+                "or finds in the local Hugging Face cache",
+                "check the path, or see `dssup models` for the Hub ids",
+            )
         doc = _read_json(path)
     except ConfigError as exc:
         raise ConfigError(flag, exc.problem, exc.fix) from None
@@ -143,12 +205,8 @@ def load_model(
     if isinstance(source, Mapping):
         return _from_config(source, "config", "custom", approximate_as)
     text = str(source).strip()
-    path = Path(text).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            raise ConfigError(FLAG, f"{path.parent} has no config.json", _FIX)
-    if path.is_file():
+    path = _local(text)
+    if path is not None:
         label = str(path)
         return _from_config(_read_json(path), label, path.parent.name or path.stem, approximate_as)
     entry = modelzoo.find(text)
@@ -159,10 +217,12 @@ def load_model(
             if exc.field == "approximate_as":
                 raise
             raise _flagged(exc, entry.id) from None
-    if path.exists():  # a device, FIFO or socket: nothing a config is read from
-        raise ConfigError(FLAG, f"{text} is not a regular file", _FIX)
+    cached = hub_cache_config(text)
+    if cached is not None:
+        label = f"{text} (local Hugging Face cache: {cached})"
+        return _from_config(_read_json(cached), label, text, approximate_as)
     if text.endswith(".json") or text.startswith(("/", "./", "../", "~")):
-        raise ConfigError(FLAG, f"{text} does not exist", _FIX)
+        raise ConfigError(FLAG, f"{text[:200]} does not exist", _FIX)
     if text.lower() in preset_names():
         if approximate_as is not None:
             raise ConfigError("approximate_as", "presets are read exactly", "drop --approximate-as")

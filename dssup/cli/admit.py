@@ -15,7 +15,7 @@ import click
 from dssup.admission.offline import AdmitResult, admit, load_documents
 from dssup.admission.settings import PolicySettings
 from dssup.cli.app import main
-from dssup.cli.values import Choice, Real, Size
+from dssup.cli.values import Choice, Existing, Real, Size
 from dssup.errors import ConfigError
 from dssup.memory.capacity import DEFAULT_MARGIN
 from dssup.memory.gpus import parse_size
@@ -112,10 +112,15 @@ def _text(result: AdmitResult) -> str:
 def _read(name: str, flag: str) -> str:
     """A manifest's text; ``ConfigError`` (exit 2) for unreadable or binary files."""
     try:
+        if name != "-" and not Path(name).is_file():
+            raise ConfigError(
+                flag, f"{name[:200]!r} is not a file that exists", "pass a YAML manifest"
+            )
         data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
         raise ConfigError(
-            flag, f"cannot read {name}: {exc.strerror}", "pass a readable file"
+            flag, f"cannot read {name[:200]!r}: {why}", "pass a readable file"
         ) from None
     try:
         text = data.decode("utf-8")
@@ -139,7 +144,7 @@ def _read(name: str, flag: str) -> str:
     "--cluster",
     "cluster",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
+    type=Existing("file"),
     help="YAML with Nodes (GFD labels), ConfigMaps and (Cluster)TrainingRuntimes.",
 )
 @click.option(

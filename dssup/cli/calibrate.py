@@ -17,7 +17,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.measure import REFERENCE, TRACED, common_options, reference_spec
 from dssup.cli.traced import run_child, source_options, traced_knobs, traced_source
-from dssup.cli.values import TRACE_SEQ_LEN, Choice
+from dssup.cli.values import TRACE_SEQ_LEN, Choice, Place
 from dssup.errors import ConfigError
 from dssup.memory.profile import EagerProfile
 from dssup.memory.traced import TracedProfile
@@ -91,7 +91,7 @@ def _report(p: TracedProfile, out: Path) -> str:
 @source_options
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=Place("file"),
     required=True,
     help="Where to write the profile JSON.",
 )

@@ -28,7 +28,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.render import render_estimate
 from dssup.cli.run import build_supervisor, print_summary
-from dssup.cli.values import Whole
+from dssup.cli.values import Place, Whole
 from dssup.errors import ConfigError
 from dssup.memory import GiB, Layout, PlanRequest, Training, estimate, plan, preset
 
@@ -96,7 +96,7 @@ def _reference(work: Path, echo: Any) -> None:
 
 
 @main.command("demo")
-@click.option("--workdir", type=click.Path(path_type=Path), default=None,
+@click.option("--workdir", type=Place("dir"), default=None,
               help="Where the run directory, checkpoints and weights go (default ./dssup-runs/demo-<time>).")  # fmt: skip
 @click.option("--memory-cap-mib", type=Whole(1, 1 << 20), default=None,
               help="A fixed address-space budget for rank 1 instead (default: what micro-batch "

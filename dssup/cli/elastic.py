@@ -33,7 +33,7 @@ from dssup.cli.options import (
 )
 from dssup.cli.render_plan import capacity_note
 from dssup.cli.run import build_supervisor, print_summary, run_cmd
-from dssup.cli.values import BATCH, DEGREE, NODE_RANK, SECONDS, Real
+from dssup.cli.values import BATCH, DEGREE, NODE_RANK, SECONDS, Place, Real
 from dssup.elastic import ElasticRequest, ElasticTable, MemoryContext, NodeRange, solve
 from dssup.errors import ConfigError
 from dssup.memory.capacity import DEFAULT_MARGIN, Band, near_words
@@ -166,7 +166,7 @@ _MN_KEYS = ("shared_dir", "node_rank", "heartbeat", "member_timeout", "settle")
 run_cmd.params[-1:-1] = [
     click.Option(
         ["--shared-dir"],
-        type=click.Path(path_type=Path),
+        type=Place("dir"),
         help="Multi-node: a directory every node sees (e.g. next to the checkpoints). "
         "Turns on agreement: one decision per generation, the same plan on every node.",
     ),

@@ -22,7 +22,7 @@ from dssup.cli.options import (
 from dssup.cli.plot import plot_estimate
 from dssup.cli.render import render_estimate
 from dssup.cli.render_plan import capacity_note
-from dssup.cli.values import BATCH, DEGREE, GPUS
+from dssup.cli.values import BATCH, DEGREE, GPUS, Place
 from dssup.errors import ConfigError
 from dssup.memory import Estimate, estimate
 from dssup.memory.best_split import choose_split
@@ -118,7 +118,7 @@ def run_estimate(o: dict[str, Any], given: set[str] | None = None) -> Estimate:
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 @click.option(
     "--plot",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=Place("file"),
     default=None,
     help="Write a PNG: stacked bar per stage with the GPU capacity line.",
 )

@@ -18,7 +18,7 @@ import click
 from dssup.cli.app import main
 from dssup.cli.options import load_profile
 from dssup.cli.traced import run_child, source_options, traced_knobs, traced_source
-from dssup.cli.values import BATCH, DEGREE, LAYERS, TRACE_SEQ_LEN, Choice, Real, Whole
+from dssup.cli.values import BATCH, DEGREE, LAYERS, TRACE_SEQ_LEN, Choice, Existing, Real, Whole
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
 from dssup.memory.profile import EagerProfile
@@ -175,7 +175,7 @@ def common_options(fn: Any) -> Any:
 )
 @click.option(
     "--calibration",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=Existing("file"),
     default=None,
     help="Eager profile JSON from `dssup calibrate`: also print prediction and error.",
 )

@@ -20,6 +20,7 @@ from dssup.cli.values import (
     LAYERS,
     SEQ_LEN,
     Choice,
+    Existing,
     Real,
     Size,
     Whole,
@@ -314,7 +315,7 @@ def training_options(fn: F) -> F:
             ),
             click.option(
                 "--calibration",
-                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                type=Existing("file"),
                 default=None,
                 help="Profile from `dssup calibrate --hf/--module` (JSON): activation and "
                 "transient bytes traced from your own model code.",

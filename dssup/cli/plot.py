@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dssup.errors import ConfigError
 from dssup.memory import Estimate
 
 __all__ = ["plot_estimate"]
@@ -60,9 +61,18 @@ def plot_estimate(est: Estimate, path: Path) -> Path:
     )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, format="png")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            "--plot",
+            f"cannot write {path} ({exc.strerror})",
+            "give a file in a folder you can write",
+        ) from None
+    finally:
+        plt.close(fig)
     return path

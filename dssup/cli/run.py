@@ -24,6 +24,8 @@ from dssup.cli.values import (
     SECONDS,
     SEQ_LEN,
     Choice,
+    Existing,
+    Place,
     Real,
     Size,
     Whole,
@@ -240,8 +242,8 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     epilog=EXIT_HELP,
 )
-@click.option("--run-dir", type=click.Path(path_type=Path), help="Default ./dssup-runs/<run-id>.")
-@click.option("--resume", type=click.Path(exists=True, path_type=Path), help="Continue this run.")
+@click.option("--run-dir", type=Place("dir"), help="Default ./dssup-runs/<run-id>.")
+@click.option("--resume", type=Existing("dir"), help="Continue this run.")
 @click.option("--global-batch-size", type=BATCH, help="Sequences per optimizer step (kept exact).")
 @click.option("--micro-batch-size", type=BATCH, help="Sequences per micro-batch per rank.")
 @click.option("--grad-accum", type=BATCH, help="Micro-batches per optimizer step.")
@@ -249,14 +251,14 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
 @click.option(
     "--zero-stage", type=Whole(0, 3), default=None, help="DeepSpeed ZeRO stage of attempt 1."
 )
-@click.option("--checkpoint-dir", type=click.Path(path_type=Path), help="Where the job saves.")
+@click.option("--checkpoint-dir", type=Place("dir"), help="Where the job saves.")
 @click.option("--checkpoint-pattern", help="Glob under --checkpoint-dir (default: auto-detect).")
 @click.option("--model", help="Preset or config.json: plan remedies with the memory model.")
 @click.option("--gpu-memory", type=Size("gpu"), help="GPU capacity for --model: 80GiB, H100, ...")
 @force_gpu_memory_option
 @click.option(
     "--calibration",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=Existing("file"),
     help="Profile from `dssup calibrate` for --model (your own model code's bytes).",
 )
 @click.option("--seq-len", type=SEQ_LEN, default=4096, show_default=True)
@@ -279,7 +281,7 @@ def print_summary(journal: Journal, echo: Any = click.echo) -> None:
 @click.option("--transient-retries", type=Whole(0, 100_000), default=3, show_default=True)
 @click.option("--backoff", type=SECONDS, default=1.0, show_default=True, help="First backoff, s.")
 @click.option("--grace", type=SECONDS, default=10.0, show_default=True, help="SIGTERM->SIGKILL, s.")
-@click.option("--metrics-textfile", type=click.Path(path_type=Path), help="Prometheus textfile.")
+@click.option("--metrics-textfile", type=Place("file"), help="Prometheus textfile.")
 @click.option("--quiet", is_flag=True, help="Do not copy torchrun's output to stdout.")
 @click.option(
     "--fast-fail/--no-fast-fail", default=True, show_default=True,

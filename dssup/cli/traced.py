@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from dssup.cli.values import Choice
+from dssup.cli.values import Choice, Existing
 from dssup.errors import ConfigError, DssupError
 from dssup.modelio import read_config
 
@@ -75,13 +75,13 @@ def source_options(fn: Any) -> Any:
         ),
         click.option(
             "--module-path",
-            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            type=Existing("dir"),
             default=None,
             help="Folder to import --module from (default: the current folder).",
         ),
         click.option(
             "--module-config",
-            type=click.Path(exists=True, path_type=Path),
+            type=Existing("any"),
             default=None,
             help="--module: a config.json stating the model's sizes (for --calibration "
             "predictions; see examples/custom_block/config.json).",

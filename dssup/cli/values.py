@@ -17,8 +17,11 @@ meant (no GPU has that much; ``80TB`` is a typo for ``80GB`` far more often than
 from __future__ import annotations
 
 import math
+import os
 import re
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -40,12 +43,15 @@ __all__ = [
     "TRACE_SEQ_LEN",
     "Bad",
     "Choice",
+    "Existing",
+    "Place",
     "Real",
     "Size",
     "Whole",
     "force_gpu_memory_option",
 ]
 
+F = TypeVar("F", bound=Callable[..., Any])
 MAX_GPU_MEMORY = 1 << 40  # 1 TiB: above any GPU made; more needs --force-gpu-memory
 _MAX_HOST = 1 << 50  # 1 PiB per node
 _MAX_BUFFER = 1 << 40
@@ -66,7 +72,7 @@ def _shown(value: Any) -> str:
     return repr(text[:40] + "...") if len(text) > 40 else repr(text)
 
 
-class Whole(click.ParamType):
+class Whole(click.ParamType):  # type: ignore[type-arg]
     """A whole number in ``[lo, hi]``; ``1e3``, ``2.5``, ``nan`` and 40-digit numbers are not."""
 
     name = "integer"
@@ -93,7 +99,7 @@ class Whole(click.ParamType):
         return number
 
 
-class Real(click.ParamType):
+class Real(click.ParamType):  # type: ignore[type-arg]
     """A finite number in a range; ``lo_open``/``hi_open`` exclude the end itself."""
 
     name = "float"
@@ -127,7 +133,7 @@ class Real(click.ParamType):
         return number
 
 
-class Size(click.ParamType):
+class Size(click.ParamType):  # type: ignore[type-arg]
     """A memory amount with its unit, checked and passed on as typed (the commands read GPU
     names from the text). ``kind``: ``gpu`` (a size or a GPU name; at most 1 TiB unless
     ``--force-gpu-memory``), ``host`` (per node), ``buffer`` (0 allowed), ``bytes`` (a bare
@@ -178,7 +184,89 @@ def _too_big(text: str, kind: str, cap: int) -> tuple[str, str]:
     return f"{text} is over the largest accepted ({cap >> 40} TiB)", "check the unit"
 
 
-class Choice(click.Choice):
+class Place(click.ParamType):  # type: ignore[type-arg]
+    """Where a command writes: a file (``kind="file"``: its folder exists, it is not a folder)
+    or a folder (``kind="dir"``: it or its nearest existing parent is a writable folder).
+    Checked before the work, so a long run never ends unable to save what it made."""
+
+    name = "path"
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "FILE" if self.kind == "file" else "DIR"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        if isinstance(value, Path):
+            value = str(value)
+        text = str(value)
+        fix = "give a file in an existing folder" if self.kind == "file" else "give a folder"
+        if not text.strip() or "\x00" in text or len(text) > 4096:
+            raise Bad(f"{_shown(value)} is not a path", fix, param)
+        path = Path(text)
+        if any(len(part.encode()) > 255 for part in path.parts):
+            raise Bad(f"{_shown(value)} has a name longer than 255 bytes", fix, param)
+        try:
+            return self._checked(path, text, fix, param)
+        except OSError as exc:
+            raise Bad(f"{text} cannot be used ({exc.strerror})", fix, param) from None
+
+    def _checked(self, path: Path, text: str, fix: str, param: click.Parameter | None) -> Path:
+        if self.kind == "file":
+            if path.is_dir():
+                raise Bad(f"{text} is a folder", fix, param)
+            if path.exists() and not path.is_file():  # a device, FIFO or socket: an atomic
+                # write would replace the node itself (``/dev/null`` as a PNG)
+                raise Bad(f"{text} is not a regular file", fix, param)
+            parent = path.parent
+            if not parent.is_dir():
+                raise Bad(f"folder {parent} does not exist", f"create it or {fix}", param)
+        else:
+            if path.exists() and not path.is_dir():
+                raise Bad(f"{text} exists and is not a folder", fix, param)
+            parent = next(p for p in (path, *path.parents) if p.exists())
+            if not parent.is_dir():
+                raise Bad(f"{parent} is not a folder", fix, param)
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise Bad(f"{parent} is not writable", f"{fix} you can write to", param)
+        return path
+
+
+class Existing(click.ParamType):  # type: ignore[type-arg]
+    """A file or folder that must exist already (``kind``: ``file``, ``dir``, ``any``); a name
+    the filesystem cannot look up (NUL byte, too long) is refused like a missing one."""
+
+    name = "path"
+
+    def __init__(self, kind: str = "file") -> None:
+        self.kind = kind
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return {"file": "FILE", "dir": "DIR"}.get(self.kind, "PATH")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        text = str(value)
+        what = {"file": "a file", "dir": "a folder"}.get(self.kind, "a file or folder")
+        try:
+            path = Path(text)
+            ok = (
+                path.is_file()
+                if self.kind == "file"
+                else path.is_dir()
+                if self.kind == "dir"
+                else path.exists()
+            )
+        except (OSError, ValueError):
+            ok = False
+        if not text.strip() or not ok:
+            raise Bad(
+                f"{_shown(value)} is not {what} that exists", f"give {what} that exists", param
+            )
+        return path
+
+
+class Choice(click.Choice):  # type: ignore[type-arg]
     """``click.Choice`` whose refusal is one line naming the choices."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -198,7 +286,7 @@ def _flag(param: click.Parameter | None) -> str:
     return max(param.opts, key=len)
 
 
-def force_gpu_memory_option(fn: Any) -> Any:
+def force_gpu_memory_option(fn: F) -> F:
     """``--force-gpu-memory``: accept a ``--gpu-memory`` above 1 TiB. Eager, so the size
     check reads it whatever the order on the command line."""
     return click.option(

@@ -24,7 +24,7 @@ from dssup.admission.server import ServeOptions, WebhookServer
 from dssup.admission.settings import PolicySettings
 from dssup.cli.admit import policy_options, policy_settings
 from dssup.cli.app import main
-from dssup.cli.values import PORT, Real, Size
+from dssup.cli.values import PORT, Existing, Real, Size
 from dssup.errors import ConfigError
 from dssup.memory.gpus import parse_bytes
 from dssup.obs.metrics import PrometheusMetrics
@@ -39,7 +39,7 @@ def webhook() -> None:
     """Kubernetes admission webhook that resizes or rejects jobs by predicted GPU memory."""
 
 
-def _settings(o: dict[str, Any], config: str | None, ctx: click.Context) -> PolicySettings:
+def _settings(o: dict[str, Any], config: Path | None, ctx: click.Context) -> PolicySettings:
     flags = policy_settings(o)
     if not config:
         return flags
@@ -69,11 +69,21 @@ def _settings(o: dict[str, Any], config: str | None, ctx: click.Context) -> Poli
 
 
 def _cache(
-    cluster_file: str | None, kubeconfig: str | None, selector: str, namespaces: tuple[str, ...]
+    cluster_file: Path | None, kubeconfig: Path | None, selector: str, namespaces: tuple[str, ...]
 ) -> tuple[InMemoryCache, Any]:
     if cluster_file:
         store = InMemoryCache()
-        for doc in load_documents([Path(cluster_file).read_text()]):
+        try:
+            docs = load_documents([Path(cluster_file).read_text(encoding="utf-8")])
+        except ConfigError as exc:  # load_documents names -f, the admit command's flag
+            raise ConfigError("--cluster-file", exc.problem, exc.fix) from None
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            raise ConfigError(
+                "--cluster-file",
+                f"cannot use {cluster_file}: {exc}".splitlines()[0][:300],
+                "give a YAML snapshot of Nodes, ConfigMaps and runtimes",
+            ) from None
+        for doc in docs:
             store.upsert(doc)
         return store, None
     from kubernetes import config as kconfig
@@ -83,7 +93,7 @@ def _cache(
 
     try:
         if kubeconfig:
-            kconfig.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            kconfig.load_kube_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         else:
             kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
     except (kconfig.ConfigException, OSError) as exc:
@@ -111,12 +121,10 @@ async def _serve(server: WebhookServer) -> None:
 @click.option(
     "--cert-file",
     required=True,
-    type=click.Path(exists=True, dir_okay=False),
+    type=Existing("file"),
     help="PEM certificate chain; reloaded in place when the file changes.",
 )
-@click.option(
-    "--key-file", required=True, type=click.Path(exists=True, dir_okay=False), help="PEM key."
-)
+@click.option("--key-file", required=True, type=Existing("file"), help="PEM key.")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Listen address.")  # noqa: S104
 @click.option(
     "--port",
@@ -163,19 +171,19 @@ async def _serve(server: WebhookServer) -> None:
 @click.option(
     "--config",
     "config",
-    type=click.Path(exists=True, dir_okay=False),
+    type=Existing("file"),
     default=None,
     help="YAML of policy settings (flags given on the command line win).",
 )
 @click.option(
     "--cluster-file",
-    type=click.Path(exists=True, dir_okay=False),
+    type=Existing("file"),
     default=None,
     help="Serve from a YAML snapshot of Nodes/ConfigMaps/runtimes instead of watching the API.",
 )
 @click.option(
     "--kubeconfig",
-    type=click.Path(exists=True, dir_okay=False),
+    type=Existing("file"),
     default=None,
     help="Kubeconfig (default: in-cluster service account).",
 )
@@ -196,8 +204,8 @@ async def _serve(server: WebhookServer) -> None:
 def serve(
     ctx: click.Context,
     /,
-    cert_file: str,
-    key_file: str,
+    cert_file: Path,
+    key_file: Path,
     host: str,
     port: int,
     health_port: int,
@@ -205,9 +213,9 @@ def serve(
     drain: float,
     read_timeout: float,
     judge_deadline: float,
-    config: str | None,
-    cluster_file: str | None,
-    kubeconfig: str | None,
+    config: Path | None,
+    cluster_file: Path | None,
+    kubeconfig: Path | None,
     configmap_selector: str,
     configmap_namespaces: str,
     **o: Any,
@@ -217,8 +225,8 @@ def serve(
 
     settings = _settings(o, config, ctx)
     opts = ServeOptions(
-        cert_file=cert_file,
-        key_file=key_file,
+        cert_file=str(cert_file),
+        key_file=str(key_file),
         host=host,
         port=port,
         health_port=health_port,
