@@ -18,6 +18,7 @@ CODES: dict[str, str] = {
     "resized": "the job did not fit; the mutating webhook changed it to the cheapest config that fits",
     "predicted-oom": "the predicted peak exceeds the GPU and a fitting config exists (named in the message)",
     "no-feasible-plan": "the predicted peak exceeds the GPU and no config in the search space fits",
+    "predicted-host-oom": "the config fits the GPU but its offloaded states exceed the pod's memory limit (or the node's memory)",
     "invalid-config": "the stated config contradicts itself or the model (e.g. TP not dividing heads)",
     "config-incomplete": "the job does not state enough (model, sizes) to be judged; allowed",
     "cache-miss": "a ConfigMap or runtime the job refers to is not in the watch cache; allowed",
@@ -28,7 +29,9 @@ CODES: dict[str, str] = {
     "internal-error": "dssup failed while judging; allowed (fail open) and logged",
     "deadline-exceeded": "not judged within the deadline (a very large object); allowed",
 }
-DENY_CODES = frozenset({"predicted-oom", "no-feasible-plan", "invalid-config"})
+DENY_CODES = frozenset(
+    {"predicted-oom", "no-feasible-plan", "predicted-host-oom", "invalid-config"}
+)
 
 
 class Decision(BaseModel):

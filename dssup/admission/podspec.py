@@ -8,7 +8,9 @@ count that is not a number (an unrendered ``$NUM_NODES`` template) is reported b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from dssup.admission import gpuid
@@ -22,6 +24,8 @@ __all__ = [
     "container",
     "digits",
     "env",
+    "memory_bytes",
+    "memory_limit",
     "pod_set",
     "strs",
 ]
@@ -70,6 +74,54 @@ def strs(value: Any) -> tuple[str, ...]:
     return tuple(
         str(v) for v in items if isinstance(v, (str, int, float)) and not isinstance(v, bool)
     )
+
+
+_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY = re.compile(
+    r"^([0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})"
+    r"(?:([eE][+-]?[0-9]{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m))?$"
+)
+
+
+def memory_bytes(value: Any) -> int | None:
+    """Bytes of a Kubernetes memory quantity (``16Gi``, ``16G``, ``1.5e10``, ``17179869184``);
+    None when absent or unreadable (the caller reports it)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        return None
+    number, exp, suffix = match.groups()
+    try:
+        amount = Decimal(number) * (Decimal(10) ** int(exp[1:]) if exp else 1)
+    except InvalidOperation:
+        return None
+    if suffix == "m":
+        amount /= 1000
+    elif suffix:
+        amount *= _BINARY.get(suffix) or _DECIMAL[suffix]
+    bytes_ = int(amount.to_integral_value(rounding="ROUND_CEILING"))
+    return bytes_ if bytes_ < 1 << 70 else None
+
+
+def memory_limit(containers: Any) -> int | None:
+    """The memory limit of the containers that request GPUs (the training processes' cgroup):
+    their ``resources.limits.memory`` summed; None when one of them states none (the node's
+    memory is then the bound) or when no container requests GPUs."""
+    total, seen = 0, False
+    for raw in as_list(containers):
+        c = as_map(raw)
+        if gpuid.container_gpus(c, [])[0] <= 0:
+            continue
+        limits = as_map(as_map(c.get("resources")).get("limits"))
+        found = memory_bytes(limits.get("memory"))
+        if found is None:
+            return None
+        total, seen = total + found, True
+    return total if seen else None
 
 
 def _config_map_ref(value_from: Any) -> tuple[str, str] | None:
@@ -179,4 +231,5 @@ def pod_set(
         path.rsplit("/spec", 1)[0] + "/metadata" if path.endswith("/spec") else "",
         isinstance(raw_ann, Mapping),
         gpuid.downward_annotations(pod),
+        memory_limit(pod.get("containers")),
     )

@@ -21,6 +21,7 @@ from dssup.admission.cache import ClusterCache
 from dssup.admission.decision import Decision
 from dssup.admission.evaluate import LRU, Evaluation, Evaluator, Leftovers
 from dssup.admission.gpus import GpuMemory
+from dssup.admission.hostcheck import HostVerdict, host_verdict
 from dssup.admission.kinds import suspended
 from dssup.admission.memo import Versioned, carries_written, content, memo_key
 from dssup.admission.messages import breakdown, describe, estimate_note, gib, peak_terms, unseen
@@ -66,10 +67,19 @@ def _unseen_warning(assumed: tuple[str, ...]) -> tuple[str, ...]:
     )
 
 
+def _host(ev: Evaluation) -> tuple[str, ...]:
+    """The warning of a job whose host memory could not be checked (never a denial)."""
+    host = host_verdict(ev.est, ev.view, ev.gpu.product)
+    if host is None or host.fits is not None:
+        return ()
+    return (f"dssup: {host.words()}"[:240],)
+
+
 def _fits_message(ev: Evaluation) -> str:
+    host = host_verdict(ev.est, ev.view, ev.gpu.product)
     return (
         f"dssup: peak {gib(ev.est.peak_bytes)} GiB/GPU fits {ev.gpu.product} "
-        f"({gib(ev.gpu.usable_bytes)} GiB usable)"
+        f"({gib(ev.gpu.usable_bytes)} GiB usable)" + (f"; {host.words()}" if host else "")
     )
 
 
@@ -223,6 +233,9 @@ class Policy:
             return ev
         if not ev.est.fits:
             return self._does_not_fit(obj, ev, mode)
+        host = host_verdict(ev.est, ev.view, ev.gpu.product)
+        if host is not None and host.fits is False:
+            return self._host_oom(ev, host, mode)
         if mode == "mutate":
             return self._fits_patch(obj, ev)
         # A fresh job of a known config (new name, new run id) gets the answer already built.
@@ -242,7 +255,7 @@ class Policy:
         note = self._per_config(ev, "note", lambda: _estimate_note(ev, _assumed(obj, ev, cache)))
         ops = annotation_ops(obj, {ann.ESTIMATE: note})
         near = _near_warning(ev.est, ev.gpu)
-        return self._fit(ev, _fits_message(ev), patch=tuple(ops), warnings=near)
+        return self._fit(ev, _fits_message(ev), patch=tuple(ops), warnings=(*near, *_host(ev)))
 
     def _fits(self, obj: Mapping[str, Any], ev: Evaluation, mode: Mode) -> Decision:
         """The validating (or warning) answer to a fit: reads only the judged config (what the
@@ -251,7 +264,24 @@ class Policy:
         notes = tuple(f"dssup: {w}"[:120] for w in ev.cfg.warnings[:3])
         unseen_note = _unseen_warning(_assumed(obj, ev, self.evaluator.cache))
         near = _near_warning(ev.est, ev.gpu)
-        return self._fit(ev, msg, warnings=(*notes, *unseen_note, *near, msg[:120]))
+        host = _host(ev)
+        return self._fit(ev, msg, warnings=(*notes, *unseen_note, *near, *host, msg[:120]))
+
+    def _host_oom(self, ev: Evaluation, host: HostVerdict, mode: Mode) -> Decision:
+        """Fits the GPU, not the host: the offloaded states pass the pod's memory limit."""
+        message = (
+            f"dssup: {host.words()} with {describe(ev.cfg.layout, ev.cfg.training)}; raise the "
+            f"memory limit to at least {gib(host.need)} GiB, use nodes with more memory, or "
+            "offload less"
+        )
+        bd = self._breakdown(ev.est, ev.cfg.layout, ev.cfg.training, ev)
+        if mode == "mutate":
+            return Decision(allowed=True, code="predicted-host-oom", message=message, breakdown=bd)
+        short = (
+            f"dssup: predicted host OOM: {gib(host.need)} GiB {host.where} > "
+            f"{gib(host.limit or 0)} GiB ({host.source})"
+        )
+        return self._refuse(mode, "predicted-host-oom", message, bd, short=short)
 
     def _fit(self, ev: Evaluation, message: str, **answer: Any) -> Decision:
         """What every answer to a fit holds (message, audit, breakdown), plus ``answer``: the

@@ -75,6 +75,7 @@ class PodSetView(NamedTuple):
     meta_path: str = ""  # pointer of the template's metadata ("" when it cannot be patched)
     annotations_present: bool = False
     downward: frozenset[str] = frozenset()  # template annotations the pods read (downward API)
+    memory_limit_bytes: int | None = None  # the GPU containers' memory limit (None: not stated)
 
     @property
     def gpus(self) -> int:

@@ -87,12 +87,19 @@ def run_estimate(o: dict[str, Any], given: set[str] | None = None) -> Estimate:
             )
     layout, split = choose_split(model, layout, training, overheads, o["convention"])
     notes += [split] if split else []
-    host, per_node, source = host_inputs(o)
-    est = estimate(model, layout, training, overheads, o["convention"], gpu, host, per_node)
+    host = host_inputs(o)
+    est = estimate(
+        model, layout, training, overheads, o["convention"], gpu, host.memory, host.per_node
+    )
     if o.get("gpu_memory") and find_gpu(o["gpu_memory"], "--gpu-memory") is not None:
         notes.insert(0, capacity_note(o["gpu_memory"], 0.0).removesuffix("; no margin"))
-    notes.append(f"GPUs per node: {per_node} ({source})")
-    return est.model_copy(update={"assumptions": [*est.assumptions, *notes]})
+    notes += host.notes(bool(est.host_bytes_per_node))
+    return est.model_copy(
+        update={
+            "assumptions": [*est.assumptions, *notes],
+            "host_memory_source": host.memory_source if host.memory is not None else "",
+        }
+    )
 
 
 @main.command("estimate")

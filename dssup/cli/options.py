@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -38,6 +38,7 @@ from dssup.memory.traced_stage import profile_from_json
 from dssup.modelio import load_model
 
 __all__ = [
+    "HostInputs",
     "build_inputs",
     "given_params",
     "host_inputs",
@@ -520,21 +521,56 @@ def _host_overheads(o: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def host_inputs(o: dict[str, Any]) -> tuple[int | None, int, str]:
-    """(host memory per node or None, GPUs per node, where that count came from)."""
+class HostInputs(NamedTuple):
+    """The host a config is checked against: memory per node (None: not known), GPUs sharing
+    it, and where each figure came from (printed with the answer)."""
+
+    memory: int | None
+    memory_source: str
+    per_node: int
+    per_node_source: str
+
+    def notes(self, needed: bool) -> list[str]:
+        """The assumption lines: the GPUs per node always; the host memory when it was
+        assumed, or that it was not checked when the config needs host memory."""
+        out = [f"GPUs per node: {self.per_node} ({self.per_node_source})"]
+        if self.memory is not None and self.memory_source != "--host-memory":
+            out.append(
+                f"host memory {self.memory / (1 << 30):,.0f} GiB per node ({self.memory_source}, "
+                "assumed; give --host-memory to state yours)"
+            )
+        elif self.memory is None and needed:
+            out.append(f"host memory NOT CHECKED: {self.memory_source}")
+        return out
+
+
+def host_inputs(o: dict[str, Any], gpu: str | None = None) -> HostInputs:
+    """The node a config runs on: ``--host-memory`` and ``--gpus-per-node`` when given, else
+    the reference node of the GPU ``gpu`` (default: what ``--gpu-memory`` names; ``dssup
+    gpus``), else unknown."""
     host = (
         parse_size(o["host_memory"], "--host-memory", gpu=False) if o.get("host_memory") else None
     )
-    if o.get("gpus_per_node"):
-        return host, o["gpus_per_node"], "--gpus-per-node"
-    spec = find_gpu(o["gpu_memory"], "--gpu-memory") if o.get("gpu_memory") else None
-    if spec is not None:
-        return (
-            host,
-            spec.system.gpus_per_node,
-            f"{spec.system.name}, the {spec.name} reference node",
+    names = [n for n in (gpu or o.get("gpu_memory") or "").split(",") if n.strip()]
+    spec = find_gpu(names[0], "--gpu-memory") if len(names) == 1 else None
+    ref = f"{spec.system.name}, the {spec.name} reference node" if spec is not None else ""
+    if host is not None:
+        memory_source = "--host-memory"
+    elif spec is not None and spec.system.host_memory_bytes:
+        host, memory_source = spec.system.host_memory_bytes, ref
+    elif spec is not None:
+        memory_source = (
+            f"the host memory of the {spec.name} reference node is not known; give --host-memory"
         )
-    return host, 8, "default; give --gpus-per-node or a GPU name in --gpu-memory"
+    else:
+        memory_source = "no --host-memory, and --gpu-memory names no GPU whose node dssup knows"
+    if o.get("gpus_per_node"):
+        count, count_source = o["gpus_per_node"], "--gpus-per-node"
+    elif spec is not None:
+        count, count_source = spec.system.gpus_per_node, ref
+    else:
+        count, count_source = 8, "default; give --gpus-per-node or a GPU name in --gpu-memory"
+    return HostInputs(host, memory_source, count, count_source)
 
 
 def build_inputs(

@@ -161,9 +161,7 @@ def plan_cmd(
             raise ConfigError("--offload", "conflicts with --no-offload", "pass only one of them")
     topo, warnings = build_topology(o)
     del o["nnodes"], o["nproc_per_node"]
-    host, per_node, source = host_inputs(o)
-    if o.get("gpu_name"):  # --gpu names the node: its figure and source, like the step times
-        per_node, source = topo.gpus_per_node, topo.sources["gpus_per_node"]
+    host = host_inputs(o, o.get("gpu_name"))  # --gpu names the node, like the step times
     model = load_model(o["model"], o.get("approximate_as"))
     frameworks = None if "framework" in given else runnable_frameworks(model)
     notes += _search_notes(model, frameworks, o, search_parallelism)
@@ -191,7 +189,7 @@ def plan_cmd(
         cost=build_cost(o),
         topology=topo,
         limit=max(top, explain or 0),
-        host_memory_bytes=host,
+        host_memory_bytes=host.memory,
         gpus_per_node=topo.gpus_per_node,
     )
     res = plan(req)
@@ -202,7 +200,8 @@ def plan_cmd(
             f"row {explain} does not exist ({len(res.candidates)} rows fit)",
             f"pick a row from 1 to {len(res.candidates)}" if res.candidates else "nothing fits",
         )
-    notes.append(f"host per node: {per_node} GPUs per node ({source})")
+    needed = any(c.host_bytes_per_node for c in res.candidates) or bool(res.host_limited)
+    notes += host._replace(per_node=topo.gpus_per_node).notes(needed)
     notes.insert(0, capacity_note(o["gpu_memory"], margin))
     if as_json:
         doc = {**res.model_dump(mode="json"), "assumptions": notes}

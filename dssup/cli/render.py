@@ -137,4 +137,19 @@ def _host_lines(est: Estimate) -> list[str]:
             f"; host {gib(est.host_memory_bytes)} GiB: {verdict} "
             f"(headroom {gib(est.host_headroom_bytes)} GiB)"
         )
-    return [line]
+    n = est.gpus_per_node or 1
+    parts = [(_HOST_LABELS.get(k, k), v * n) for k, v in peak.host_terms.items()]
+    if peak.host_init_bytes > peak.host_bytes:  # the build, not training, sets the need
+        parts = [("model build before partitioning", peak.host_init_bytes * n)]
+    terms = ", ".join(f"{name} {gib(v)}" for name, v in sorted(parts, key=lambda x: -x[1]))
+    return [line, f"host per node by term (GiB): {terms}"] if terms else [line]
+
+
+_HOST_LABELS = {
+    "optimizer_states": "optimizer offload (FP32 master + Adam moments)",
+    "fp32_gradients": "FP32 gradient partition",
+    "gradient_buffer": "gradient buffer",
+    "parameters": "parameter offload",
+    "optimizer_step": "optimizer step",
+    "pinned_buffers": "pinned buffers and allocator",
+}

@@ -119,6 +119,7 @@ def _device(
         bytes=sbytes,
         host_bytes=s.host,
         host_init_bytes=s.host_init,
+        host_terms=dict(s.host_terms),
         activation_terms=_terms(dev, t),
         phase="forward-backward" if fb >= opt else "optimizer-step",
         held=_held(dev, counts, t),

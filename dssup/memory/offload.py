@@ -32,9 +32,54 @@ import math
 
 from dssup.memory.config import Convention, Overheads, Precision, Training
 
-__all__ = ["FP32", "host_at_start", "host_states", "offload_assumptions", "with_overhead"]
+__all__ = [
+    "FP32",
+    "HOST_TERMS",
+    "host_at_start",
+    "host_states",
+    "host_terms",
+    "offload_assumptions",
+    "with_overhead",
+]
 
 FP32 = 4
+
+
+# What each host term is, for the reader of an estimate (keys are the JSON's ``host_terms``).
+HOST_TERMS = {
+    "optimizer_states": "optimizer offload: FP32 master weights and Adam moments",
+    "fp32_gradients": "optimizer offload: FP32 gradient partition",
+    "gradient_buffer": "optimizer offload: 16-bit gradient buffer (ZeRO 3) or the 16-bit "
+    "gradient copy kept between micro-steps (ZeRO 1/2 with accumulation)",
+    "parameters": "parameter offload: the 16-bit parameter partition",
+    "optimizer_step": "the optimizer step's temporaries on the host",
+    "pinned_buffers": "pinned staging buffers, allocator and process (the host overhead)",
+    "model_build": "the model built on the host before partitioning (--host-load-dtype)",
+}
+
+
+def host_terms(
+    shard: int,
+    zero: int,
+    p: Precision,
+    offload_optimizer: bool,
+    offload_params: bool,
+    grad_accum: int,
+) -> dict[str, int]:
+    """Exact bytes of offloaded states one rank keeps on the host, by term (before
+    ``host_overhead``; zero terms left out)."""
+    out: dict[str, int] = {}
+    if offload_optimizer:
+        out["optimizer_states"] = p.optimizer * shard
+        if p.master:  # no master: the gradient partition is the optimizer's input
+            out["fp32_gradients"] = FP32 * shard
+        if zero >= 3:
+            out["gradient_buffer"] = p.gradients * shard  # grad_partitions_flat_buffer
+        elif grad_accum > 1:
+            out["gradient_buffer"] = p.weights * shard  # accumulated_grads_in_cpu
+    if offload_params:
+        out["parameters"] = p.weights * shard
+    return {k: v for k, v in out.items() if v}
 
 
 def host_states(
@@ -46,17 +91,7 @@ def host_states(
     grad_accum: int,
 ) -> int:
     """Exact bytes of offloaded states one rank keeps on the host (before ``host_overhead``)."""
-    out = 0
-    if offload_optimizer:
-        fp32_grads = FP32 if p.master else 0  # no master: the gradient partition is the input
-        out += (p.optimizer + fp32_grads) * shard
-        if zero >= 3:
-            out += p.gradients * shard  # grad_partitions_flat_buffer
-        elif grad_accum > 1:
-            out += p.weights * shard  # accumulated_grads_in_cpu
-    if offload_params:
-        out += p.weights * shard
-    return out
+    return sum(host_terms(shard, zero, p, offload_optimizer, offload_params, grad_accum).values())
 
 
 def host_at_start(full: int, largest_layer: int, zero: int, load_bytes: int) -> int:

@@ -101,6 +101,12 @@ class StageEstimate(BaseModel):
         description="host memory per GPU while the model is built before partitioning "
         "(Overheads.host_load_bytes; 0 when not counted)",
     )
+    host_terms: dict[str, int] = Field(
+        default_factory=dict,
+        description="host_bytes by term (keys: offload.HOST_TERMS: optimizer_states, "
+        "fp32_gradients, gradient_buffer, parameters, optimizer_step, pinned_buffers); they "
+        "sum to host_bytes",
+    )
     phase: str = Field(description="phase holding this stage's peak")
     activation_terms: dict[str, int] = Field(
         default_factory=dict, description="per-micro-batch activation bytes by tensor family"
@@ -147,6 +153,9 @@ class Estimate(BaseModel):
         "of any stage; None without gpus_per_node",
     )
     host_memory_bytes: int | None = Field(None, description="host memory per node to check")
+    host_memory_source: str = Field(
+        "", description="where host_memory_bytes came from (a flag, or a reference node: assumed)"
+    )
     host_fits: bool | None = Field(None, description="host_bytes_per_node <= host_memory_bytes")
     host_headroom_bytes: int | None = None
 

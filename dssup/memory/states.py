@@ -8,12 +8,12 @@ these functions, so they agree to the byte.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dssup.memory.config import Convention, Layout, Overheads, Recompute, Training
 from dssup.memory.defaults import Resolved
-from dssup.memory.offload import host_at_start, host_states, with_overhead
+from dssup.memory.offload import host_at_start, host_terms, with_overhead
 from dssup.memory.profile import EagerProfile, eager_constant, eager_tail
 from dssup.memory.traced import TracedProfile
 from dssup.memory.zero import ModelStates, model_states
@@ -36,6 +36,7 @@ class States:
     tail: int | None = None  # eager end of backward over ``static``, less its per-sample bytes
     host_init: int = 0  # host bytes per GPU while the model is built (with the host overhead)
     grads_freed: bool = False  # gradients exist only from backward to the optimizer step
+    host_terms: tuple[tuple[str, int], ...] = ()  # ``host`` by term (``offload.HOST_TERMS``)
 
 
 def zero3_working_set(largest: int, conv: Convention, r: Resolved, ov: Overheads) -> int:
@@ -68,8 +69,9 @@ def states(
     )
     ws = zero3_working_set(dev.largest_layer, conv, r, ov) if t.zero_stage == 3 else 0
     host, host_init = ms.host, 0
+    terms: dict[str, int] = {"optimizer_states": ms.host} if ms.host else {}
     if frameworks and (t.offload_optimizer or t.offload_params or ov.host_load_bytes):
-        exact = host_states(
+        terms = host_terms(
             ms.shard_params,
             t.zero_stage,
             r.precision,
@@ -77,17 +79,25 @@ def states(
             t.offload_params,
             t.grad_accum,
         )
+        exact = sum(terms.values())
         load = host_at_start(dev.split.total, dev.largest_layer, t.zero_stage, ov.host_load_bytes)
         host, host_init = (
             with_overhead(exact, ov.host_overhead),
             with_overhead(load, ov.host_overhead),
         )
+        if host > exact:
+            terms["pinned_buffers"] = host - exact
     if t.implementation is not None:
         if t.offload_optimizer and not frameworks:  # paper: the update's temporaries move too
-            host += math.ceil(t.implementation.optimizer_transient_per_param * ms.shard_params)
-        if isinstance(t.implementation, TracedProfile):
-            return _traced_states(t, ms, ws, host, host_init)
-        return _eager_states(dev, t, ms, ws, host, host_init)
+            step = math.ceil(t.implementation.optimizer_transient_per_param * ms.shard_params)
+            host += step
+            terms["optimizer_step"] = terms.get("optimizer_step", 0) + step
+        found = (
+            _traced_states(t, ms, ws, host, host_init)
+            if isinstance(t.implementation, TracedProfile)
+            else _eager_states(dev, t, ms, ws, host, host_init)
+        )
+        return replace(found, host_terms=tuple(terms.items()))
     stepped = ms.shard_params
     if frameworks and t.zero_stage == 3:  # DeepSpeed steps one sub-group at a time
         stepped = min(stepped, ov.zero3_sub_group)
@@ -95,8 +105,9 @@ def states(
     if r.optimizer == "forloop":  # one tensor at a time: sqrt, then the division
         transient = 2 * r.precision.moments * _largest_tensor(dev)
     if t.offload_optimizer:  # the update runs on the host
-        if not frameworks:
+        if not frameworks and transient:
             host += transient
+            terms["optimizer_step"] = terms.get("optimizer_step", 0) + transient
         transient = 0
     # zero_grad(set_to_none=True) frees gradients after each step: without accumulation
     # they exist from backward to the optimizer step only (transformers).
@@ -104,7 +115,7 @@ def states(
     grads_fb = 0 if freed else ms.gradients
     static = ms.weights + grads_fb + ms.optimizer
     transient += ms.gradients - grads_fb
-    return States(ms, static, ws, transient, host, None, host_init, freed)
+    return States(ms, static, ws, transient, host, None, host_init, freed, tuple(terms.items()))
 
 
 def _largest_tensor(dev: PreparedDevice) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from dssup.admission import gpuid
 from dssup.admission.kinds.base import Context, KindReader
-from dssup.admission.podspec import as_int, as_list, as_map, env, pod_set, strs
+from dssup.admission.podspec import as_int, as_list, as_map, env, memory_bytes, pod_set, strs
 from dssup.admission.view import ContainerView, PodSetView
 
 __all__ = ["READER", "TRAINER_NAME"]
@@ -140,8 +140,16 @@ def _read(obj: Mapping[str, Any], ctx: Context) -> list[PodSetView]:
             containers=(container,),
             config_map_volumes=base_set.config_map_volumes,
             scale_paths=("/spec/trainer/numNodes",),
+            memory_limit_bytes=_trainer_memory(trainer, base_set.memory_limit_bytes),
         )
     ]
+
+
+def _trainer_memory(trainer: Mapping[str, Any], runtime: int | None) -> int | None:
+    """The trainer's ``resourcesPerNode`` memory limit when it states one, else the runtime's."""
+    limits = as_map(as_map(trainer.get("resourcesPerNode")).get("limits"))
+    stated = memory_bytes(limits.get("memory"))
+    return runtime if stated is None else stated
 
 
 READER = KindReader("trainer.kubeflow.org", ("v1alpha1",), "TrainJob", _read)

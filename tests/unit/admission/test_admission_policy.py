@@ -24,6 +24,7 @@ EXPECTED = {  # fixture -> (validate code, mutate code, world size)
     "pod-shell.yaml": ("predicted-oom", "resized", 8),
     "job-deepspeed.yaml": ("no-feasible-plan", "no-feasible-plan", 4),
     "job-cpu.yaml": ("not-applicable", "not-applicable", 0),
+    "pytorchjob-zero-infinity.yaml": ("predicted-host-oom", "predicted-host-oom", 16),
 }
 
 
