@@ -126,16 +126,18 @@ def _local(text: str) -> Path | None:
     byte) names nothing."""
     try:
         path = Path(text).expanduser()
-        if path.is_dir():
-            path = path / "config.json"
-            if not path.is_file():
-                raise ConfigError(FLAG, f"{path.parent} has no config.json", _FIX)
-        if path.is_file():
-            return path
-        if path.exists():  # a device, FIFO or socket: nothing a config is read from
-            raise ConfigError(FLAG, f"{text} is not a regular file", _FIX)
-    except (OSError, ValueError):
+        folder, found, other = path.is_dir(), path.is_file(), path.exists()
+        inner = (path / "config.json").is_file() if folder else False
+    except (OSError, ValueError):  # ConfigError is a ValueError too: none is raised in here
         return None
+    if folder:
+        if not inner:
+            raise ConfigError(FLAG, f"{path} has no config.json", _FIX)
+        return path / "config.json"
+    if found:
+        return path
+    if other:  # a device, FIFO or socket: nothing a config is read from
+        raise ConfigError(FLAG, f"{text} is not a regular file", _FIX)
     return None
 
 

@@ -102,7 +102,16 @@ def qwen3(r: Reader, top: Reader | None = None) -> Fields:
 
 def gemma(r: Reader, top: Reader | None = None, family: str = "gemma") -> Fields:
     f = base(r)
-    f["activation"] = r.text("hidden_activation", "") or r.text("hidden_act", "gelu_pytorch_tanh")
+    if family == "gemma":  # GemmaMLP uses hidden_act; its legacy "gelu" means the tanh form
+        f["activation"] = r.text("hidden_act", "gelu_pytorch_tanh")
+        if f["activation"] == "gelu":
+            f["activation"] = "gelu_pytorch_tanh"
+            r.notes.append(
+                'hidden_act "gelu" read as gelu_pytorch_tanh, as transformers does for Gemma '
+                "(a legacy value of the official releases)"
+            )
+    else:  # Gemma-2/3 read hidden_activation
+        f["activation"] = r.text("hidden_activation", "gelu_pytorch_tanh")
     f["head_dim"] = r.num("head_dim", default=256)
     bias = r.flag("attention_bias", False)
     f.update(qkv_bias=bias, attn_out_bias=bias, tie_embeddings=r.tie(family, True, top))

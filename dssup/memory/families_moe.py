@@ -68,7 +68,13 @@ def _mla(r: Reader, f: Fields) -> Fields:
         qk_rope_head_dim=r.num("qk_rope_head_dim", least=0),
         v_head_dim=r.num("v_head_dim"),
     )
-    return {"kv_heads": f["heads"], "mla": mla, "attention": "mla"}
+    # transformers' DeepSeek configs set head_dim to the rope part (unused by MLA's sizes)
+    return {
+        "kv_heads": f["heads"],
+        "mla": mla,
+        "attention": "mla",
+        "head_dim": mla.qk_rope_head_dim or f["head_dim"],
+    }
 
 
 def _deepseek(r: Reader, top: Reader | None, family: str) -> Fields:

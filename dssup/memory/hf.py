@@ -17,6 +17,7 @@ from typing import Any
 
 from dssup.errors import ConfigError, UnknownModelType, UnknownPreset
 from dssup.memory.families_moe import FAMILIES, GENERIC
+from dssup.memory.hfdefaults import TEXT_TYPES
 from dssup.memory.hfread import Reader
 from dssup.memory.presets import PRESETS
 from dssup.memory.spec import ModelSpec
@@ -30,7 +31,16 @@ __all__ = [
 
 # Multimodal wrappers: the text model sits under ``text_config``; the head's tying is the
 # wrapper's top-level field. Value: the family that reads the text model.
-WRAPPERS = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe", "gemma3": "gemma3_text"}
+WRAPPERS = {
+    "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3_moe",
+    "gemma3": "gemma3_text",
+    "qwen2_vl": "qwen2",
+    "qwen2_5_vl": "qwen2",
+}
+# Wrappers whose published files (written before transformers nested them) keep the text
+# model's fields at the top level: read there when the file has no ``text_config``.
+FLAT_TEXT = frozenset({"qwen2_vl", "qwen2_5_vl"})
 # DeepSeek's inference/configs/config_*.json (model.py ModelArgs) by hidden size.
 _DS_INFERENCE = {"dim", "inter_dim", "n_layers", "n_heads"}
 _DS_POINTER = {
@@ -116,14 +126,15 @@ def _family(cfg: Mapping[str, Any], approximate_as: str | None) -> tuple[str, bo
                 "drop --approximate-as",
             )
         if mtype in WRAPPERS:
-            if not text:
+            if not text and mtype not in FLAT_TEXT:
                 raise ConfigError("config.json:text_config", "missing", "pass the full config")
+            where = "under text_config" if text else "(its fields at the top level)"
             return (
                 WRAPPERS[mtype],
-                True,
+                text,
                 [
-                    f"multimodal {mtype}: the text model under text_config is counted; the vision "
-                    "tower and projector are not (their memory is not estimated)"
+                    f"multimodal {mtype}: the text model {where} is counted; the vision tower "
+                    "and projector are not (their memory is not estimated)"
                 ],
             )
         return mtype, False, []
@@ -143,8 +154,12 @@ def model_from_hf_config(
         raise ConfigError("config.json", "expected a JSON object", "pass the model's config.json")
     _check_shape(cfg)
     family, text, notes = _family(cfg, approximate_as)
-    top = Reader(cfg)
-    reader = Reader(cfg["text_config"], "config.json:text_config") if text else top
+    mtype = str(cfg.get("model_type") or "")
+    inner = TEXT_TYPES.get(mtype, family)
+    if text:
+        inner = str(cfg["text_config"].get("model_type") or inner)
+    top = Reader(cfg, kind=inner if mtype in FLAT_TEXT else mtype)
+    reader = Reader(cfg["text_config"], "config.json:text_config", inner) if text else top
     read = GENERIC if family == "generic" else FAMILIES[family]
     fields = read(reader, top if text else None)
     label = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "custom")

@@ -69,7 +69,7 @@ def states(
     )
     ws = zero3_working_set(dev.largest_layer, conv, r, ov) if t.zero_stage == 3 else 0
     host, host_init = ms.host, 0
-    terms: dict[str, int] = {"optimizer_states": ms.host} if ms.host else {}
+    terms = _paper_terms(ms, t, r) if ms.host else {}
     if frameworks and (t.offload_optimizer or t.offload_params or ov.host_load_bytes):
         terms = host_terms(
             ms.shard_params,
@@ -116,6 +116,13 @@ def states(
     static = ms.weights + grads_fb + ms.optimizer
     transient += ms.gradients - grads_fb
     return States(ms, static, ws, transient, host, None, host_init, freed, tuple(terms.items()))
+
+
+def _paper_terms(ms: ModelStates, t: Training, r: Resolved) -> dict[str, int]:
+    """``ms.host`` (what the paper convention moves) by term: the optimizer states, then the
+    parameters (ZeRO 3)."""
+    opt = r.precision.optimizer * ms.shard_params if t.offload_optimizer else 0
+    return {k: v for k, v in (("optimizer_states", opt), ("parameters", ms.host - opt)) if v}
 
 
 def _largest_tensor(dev: PreparedDevice) -> int:

@@ -19,7 +19,6 @@ mapping, both totals are checked against the checkpoints' own published byte cou
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 from dssup import modelzoo
 from dssup.memory import model_from_hf_config
 from dssup.memory.params import model_total
+from tests.hfmeta import meta_count
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
@@ -49,18 +49,6 @@ _RW_KEYS = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_
 PUBLISHED_BF16_BYTES = {"tiiuae/falcon-7b": 14_434_379_520, "tiiuae/falcon-40b": 83_671_941_120}
 
 
-def _text_params(model: Any) -> int:
-    """The language model and its head (a multimodal model's vision tower left out)."""
-    inner = getattr(model, "model", None)
-    lm = getattr(inner, "language_model", None)
-    if lm is None:
-        return sum(p.numel() for p in model.parameters())
-    head = getattr(model, "lm_head", None)
-    tied = head is not None and head.weight is lm.embed_tokens.weight
-    extra = 0 if head is None or tied else sum(p.numel() for p in head.parameters())
-    return sum(p.numel() for p in lm.parameters()) + extra
-
-
 def _for_transformers(cfg: dict[str, Any]) -> dict[str, Any]:
     """The config as transformers reads it (legacy Falcon keys mapped as NeMo maps them)."""
     if cfg.get("model_type") not in LEGACY_FALCON:
@@ -71,18 +59,6 @@ def _for_transformers(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _meta_count(cfg: dict[str, Any]) -> int:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    transformers.logging.set_verbosity_error()
-    config = AutoConfig.for_model(**cfg)
-    auto = AutoModelForImageTextToText if "text_config" in cfg else AutoModelForCausalLM
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        model = auto.from_config(config)
-    return _text_params(model)
-
-
 def _compare() -> Iterator[
     tuple[modelzoo.Entry, str, int, int]
 ]:  # (entry, built type, dssup, transformers)
@@ -90,7 +66,7 @@ def _compare() -> Iterator[
         cfg = modelzoo.load_config(e)
         ours = model_total(model_from_hf_config(cfg), "megatron")
         built = _for_transformers(cfg)
-        yield e, str(built["model_type"]), ours, _meta_count(built)
+        yield e, str(built["model_type"]), ours, meta_count(built)
 
 
 Row = tuple[modelzoo.Entry, str, int, int]
@@ -134,7 +110,7 @@ def test_falcon_totals_match_the_published_checkpoints(hub: str) -> None:
     tied_head = spec.vocab * spec.hidden
     published = PUBLISHED_BF16_BYTES[hub] // 2
     assert model_total(spec, "megatron") + tied_head == published
-    assert _meta_count(_for_transformers(cfg)) + tied_head == published
+    assert meta_count(_for_transformers(cfg)) + tied_head == published
 
 
 def test_falcon_default_architecture_matches_transformers() -> None:
@@ -144,7 +120,7 @@ def test_falcon_default_architecture_matches_transformers() -> None:
 
     cfg = {k: v for k, v in FalconConfig().to_dict().items() if not k.startswith("_")}
     ours = model_total(model_from_hf_config(cfg), "megatron")
-    assert ours == _meta_count(cfg)
+    assert ours == meta_count(cfg)
     legacy = modelzoo.find("tiiuae/falcon-7b")
     assert legacy is not None
     assert ours == model_total(model_from_hf_config(modelzoo.load_config(legacy)), "megatron")

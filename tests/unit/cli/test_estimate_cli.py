@@ -192,7 +192,18 @@ def test_config_json_missing_field(tmp_path: Path) -> None:
             }
         )
     )
+    # read as transformers reads it: LlamaConfig's own default (32 heads), stated
     out = run("estimate", "--model", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "config.json:num_attention_heads absent: 32, the default of transformers 5.23.0's "
+        "llama config" in out.stdout
+    )
+    # a family with no config class (an approximation) has no default to take: refused
+    cfg.write_text(json.dumps({"model_type": "custom_lm", "hidden_size": 1024,
+                               "intermediate_size": 4096, "num_hidden_layers": 4,
+                               "vocab_size": 1000}))  # fmt: skip
+    out = run("estimate", "--model", str(cfg), "--approximate-as", "generic")
     assert out.returncode == 2
     assert out.stderr.strip() == (
         f"dssup: error: --model: {cfg}: config.json:num_attention_heads: missing; add "
