@@ -99,7 +99,9 @@ def _training(
     k = run["knobs"]
     extra: dict[str, Any] = {}
     if framework is not None:  # the uncalibrated formula for that framework
-        extra = {"framework": framework, "attention": k["attention"]}
+        # the measured steps ran on the CPU: its SDPA kernel, not CUDA's
+        cpu = "sdpa-cpu" if k["attention"] == "sdpa" else k["attention"]
+        extra = {"framework": framework, "attention": cpu}
     return Training(
         micro_batch=k["micro_batch"],
         seq_len=k["seq_len"],

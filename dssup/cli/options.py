@@ -265,9 +265,12 @@ def training_options(fn: F) -> F:
             ),
             _choice(
                 "--attention",
-                ["flash", "sdpa", "eager"],
-                "Attention kernel: flash, sdpa (PyTorch; math path when q/k and v head "
-                "dims differ) or eager (stored probabilities). Default: by framework.",
+                ["flash", "sdpa", "sdpa-cpu", "eager"],
+                "Attention kernel: flash, sdpa (PyTorch SDPA as CUDA runs it: flash, or the "
+                "memory-efficient kernel when q/k and v head dims differ; no s^2 scores), "
+                "sdpa-cpu (as the CPU runs it: the math path with FP32 probabilities when q/k "
+                "and v head dims differ; to compare with CPU measurements) or eager (stored "
+                "probabilities). Default: by framework.",
             ),
             _choice(
                 "--framework",

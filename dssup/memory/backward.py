@@ -68,7 +68,7 @@ def _attention_temporaries(c: Ctx) -> float:
     else:
         dq, dv, kv = m.head_dim, m.head_dim, m.kv_heads
     kind = "flash" if c.r is None else c.r.attention
-    if kind == "flash" or (kind == "sdpa" and not _math(c)):
+    if kind == "flash" or (kind in ("sdpa", "sdpa-cpu") and not _math(c)):
         return c.act * (nh * dq + kv * (dq + dv)) / t
     per_score = 8 if c.eager else 2 * c.act  # eager softmax runs in FP32
     return per_score * nh * c.s_full / t

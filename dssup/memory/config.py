@@ -39,7 +39,7 @@ Schedule = Literal["1f1b", "interleaved", "dualpipe"]
 RECOMPUTE_LEVELS: tuple[Recompute, ...] = ("none", "selective", "full")
 Framework = Literal["megatron", "deepseek", "deepspeed", "transformers"]
 Loss = Literal["fused", "unfused"]
-Attention = Literal["flash", "sdpa", "eager"]
+Attention = Literal["flash", "sdpa", "sdpa-cpu", "eager"]
 OptimizerImpl = Literal["fused", "foreach", "forloop"]
 RecomputeMethod = Literal["uniform", "block"]
 # Megatron-core TransformerConfig.recompute_modules (selective granularity) that dssup models.
@@ -239,8 +239,11 @@ class Training(BaseModel):
     )
     attention: Attention | None = Field(
         None,
-        description="attention kernel: flash (no s^2 scores), sdpa (PyTorch SDPA: flash when "
-        "q/k/v head dims agree, else the math path) or eager; None = flash_attention/default",
+        description="attention kernel: flash (no s^2 scores), sdpa (PyTorch SDPA as CUDA runs "
+        "it: flash when q/k/v head dims agree, else the memory-efficient kernel; neither "
+        "stores s^2 scores), sdpa-cpu (PyTorch SDPA as the CPU runs it: the math path, FP32 "
+        "probabilities, when q/k and v head dims differ; for CPU measurements) or eager; "
+        "None = flash_attention/default",
     )
     optimizer: OptimizerImpl | None = Field(
         None,

@@ -62,8 +62,9 @@ def _linear_inputs(c: Ctx, name: str, width: float, consumers: int, group: str) 
 
 
 def sdpa_math(c: Ctx) -> bool:
-    """SDPA falls back to the math path when q/k and v head dims differ (MLA)."""
-    if c.m.mla is None or c.r is None or c.r.attention != "sdpa":
+    """The CPU's SDPA falls back to the math path when q/k and v head dims differ (MLA); CUDA's
+    takes the memory-efficient kernel there (``sdpa``), which stores no s x s tensor."""
+    if c.m.mla is None or c.r is None or c.r.attention != "sdpa-cpu":
         return False
     return c.m.mla.qk_nope_head_dim + c.m.mla.qk_rope_head_dim != c.m.mla.v_head_dim
 

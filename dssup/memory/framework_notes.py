@@ -69,7 +69,12 @@ def framework_lines(m: ModelSpec, t: Training, r: Resolved) -> list[str]:
     )
     attention = {
         "flash": "flash attention: only the FP32 log-sum-exp per query and head",
-        "sdpa": "SDPA: flash kernel when q/k/v head dims agree, else the math path with FP32 "
+        "sdpa": "SDPA as CUDA runs it: the flash kernel when q/k/v head dims agree (16-bit), "
+        "else the memory-efficient one (q/k head dim 192 with v 128 included, PyTorch's "
+        "sdp_utils.cpp): only the FP32 log-sum-exp per query and head beside q, k, v and the "
+        "output",
+        "sdpa-cpu": "SDPA as the CPU runs it: its flash kernel when q/k/v head dims agree, else "
+        "the math path with FP32 "
         "q, k, v copies and FP32 probabilities",
         "eager": "eager attention: probabilities stored (FP32 softmax, plus its copy in the "
         "compute dtype)",

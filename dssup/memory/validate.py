@@ -155,7 +155,7 @@ def _check_framework(m: ModelSpec, layout: Layout, t: Training, r: Resolved) -> 
     if t.mtp and not m.mtp_depth:
         raise ConfigError("mtp", f"{m.name} has no MTP modules", "drop --mtp")
     if r.framework in ("megatron", "deepseek"):
-        if r.attention == "sdpa":
+        if r.attention in ("sdpa", "sdpa-cpu"):
             raise ConfigError(
                 "attention",
                 "Megatron has no PyTorch-SDPA backend (flash/fused or unfused)",
