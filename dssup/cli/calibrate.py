@@ -80,6 +80,11 @@ def _report(p: TracedProfile, out: Path) -> str:
         f"RSS {v.peak_rss_bytes / 2**20:.0f} MiB",
         f"  self-check: the profile replays its traces within {p.worst_check:.3%}",
     ]
+    if v.knobs.get("kernels") == "cuda":
+        used = v.knobs.get("attention_kernels", "no SDPA call")
+        lines.append(f"  attention as CUDA runs it (PyTorch's SDPA dispatch): {used}")
+    elif v.knobs.get("kernels") == "cpu":
+        lines.append("  attention as this CPU runs it (--kernels cpu): not what a GPU keeps")
     if p.breakdown:
         lines.append("  largest tensors at the forward/backward peak of the largest trace:")
         lines += [f"    {size / 2**20:10.2f} MiB  {n:4d} x {lb}" for lb, n, size in p.breakdown[:6]]
@@ -119,8 +124,18 @@ def _report(p: TracedProfile, out: Path) -> str:
     show_default=True,
     help="--hf/--module: levels traced (full: every repeated block checkpointed).",
 )
+@click.option(
+    "--kernels",
+    type=Choice(["cuda", "cpu"]),
+    default="cuda",
+    show_default=True,
+    help="--hf/--module: whose attention kernels the trace runs. cuda: the kernel CUDA's SDPA "
+    "dispatch picks (flash, memory-efficient or math), so the profile holds what a GPU keeps; "
+    "cpu: what this CPU runs (its math path keeps s x s FP32 probabilities for MLA), for a "
+    "profile checked against `dssup measure` on this CPU.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON too.")
-def calibrate_cmd(out: Path, as_json: bool, recompute_levels: str, **o: Any) -> None:
+def calibrate_cmd(out: Path, as_json: bool, recompute_levels: str, kernels: str, **o: Any) -> None:
     """Trace a model's training step under FakeTensorMode and store its profile (needs torch).
 
     \b
@@ -129,7 +144,9 @@ def calibrate_cmd(out: Path, as_json: bool, recompute_levels: str, **o: Any) -> 
       dssup calibrate --module mymodels.block:factory --seq-len 2048 --out block.json
     then:
       dssup estimate --model ./DeepSeek-V3/config.json --calibration v3.json --ep 64 --pp 16 ...
-      dssup measure --hf ./tiny/config.json -b 4 --calibration tiny.json   # check on CPU
+    and, to check a profile against real CPU steps, trace the CPU's kernels:
+      dssup calibrate --hf ./tiny/config.json --kernels cpu --out tiny.json
+      dssup measure --hf ./tiny/config.json -b 4 --calibration tiny.json
 
     \b
     The step is traced at three or more micro-batches for each of three sequence lengths, for
@@ -146,7 +163,7 @@ def calibrate_cmd(out: Path, as_json: bool, recompute_levels: str, **o: Any) -> 
         click.echo(f"eager profile written to {out}")
         return
     micro, seqs, check = trace_grid(o)
-    knobs = traced_knobs({**o, "recompute": "none"})
+    knobs = {**traced_knobs({**o, "recompute": "none"}), "kernels": kernels}
     request = {
         "source": source,
         "knobs": knobs,

@@ -22,6 +22,7 @@ from dssup.cli.values import BATCH, DEGREE, LAYERS, TRACE_SEQ_LEN, Choice, Exist
 from dssup.errors import ConfigError
 from dssup.memory import Layout, ModelSpec, Overheads, Precision, Training, estimate
 from dssup.memory.profile import EagerProfile
+from dssup.memory.traced import TracedProfile
 from dssup.modelio import load_model
 
 __all__ = ["REFERENCE", "TRACED", "common_options", "measure_cmd", "reference_spec"]
@@ -201,10 +202,11 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
     source = traced_source(o)
     if source is not None:
         request: dict[str, Any] = {"source": source, "knobs": traced_knobs(o)}
+        profile = None if calibration is None else _cpu_profile(calibration)
         out = run_child(TRACED, f"measure-{mode}", request)
-        if calibration is not None:
+        if profile is not None:
             sizes = o.get("module_config")
-            _predict_into(out, traced_prediction(request, _profile(calibration), sizes))
+            _predict_into(out, traced_prediction(request, profile, sizes))
     else:
         spec = reference_spec(o)
         out = run_child(REFERENCE, f"measure-{mode}", spec)
@@ -218,6 +220,20 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
 
 def _profile(path: Path) -> Any:
     return load_profile(path)
+
+
+def _cpu_profile(path: Path) -> Any:
+    """A traced profile to check against this CPU's steps: traced with the CPU's kernels."""
+    profile = load_profile(path)
+    knobs = profile.provenance.knobs if isinstance(profile, TracedProfile) else {}
+    if knobs.get("kernels") == "cuda" and knobs.get("attention_kernels"):
+        raise ConfigError(
+            "--calibration",
+            f"{path} was traced with CUDA's attention kernels (what a GPU keeps); this CPU runs "
+            "its own, so the check would compare different kernels",
+            "calibrate again with --kernels cpu for a check on this CPU",
+        )
+    return profile
 
 
 def _predict_into(out: dict[str, Any], predicted: tuple[int, str]) -> None:

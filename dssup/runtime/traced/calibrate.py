@@ -163,6 +163,7 @@ def calibrate(req: CalibrationRequest) -> TracedProfile:
         levels: dict[str, LevelTrace] = {}
         traces: dict[str, list[TracedMeasurement]] = {}
         t_opt, breakdown, routed, count = 0.0, [], 0.0, 0
+        kernels: dict[str, int] = {}
         for level in req.levels:
             with _level(job, req.source, level):
                 grid = [(b, s) for s in req.seq_lens for b in req.micro_batches]
@@ -177,6 +178,8 @@ def calibrate(req: CalibrationRequest) -> TracedProfile:
                         breakdown = m.top_tensors_fb
                         routed = _routed_share(m, m.stored_by_module)
                     ms.append(m)
+                    for why in m.kernels_used:
+                        kernels[why] = kernels.get(why, 0) + 1
                 check = _trace(base, job, req.micro_batches[1], req.check_seq_len)
                 count += len(ms) + 1
             levels[level] = level_trace([point(m) for m in ms], kinds, block_params, routed)
@@ -197,6 +200,8 @@ def calibrate(req: CalibrationRequest) -> TracedProfile:
                 "attention": req.knobs.attention,
                 "optimizer": req.knobs.optimizer,
                 "recompute": ",".join(req.levels),
+                "kernels": req.knobs.kernels,
+                **({"attention_kernels": "; ".join(kernels)} if kernels else {}),
             },
             micro_batches=req.micro_batches,
             seq_lens=req.seq_lens,

@@ -21,11 +21,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Attention", "DType", "HFSource", "Knobs", "ModuleSource", "OptimizerKind", "TracedRun"]
+__all__ = [
+    "Attention",
+    "DType",
+    "HFSource",
+    "Kernels",
+    "Knobs",
+    "ModuleSource",
+    "OptimizerKind",
+    "TracedRun",
+]
 
 DType = Literal["fp32", "bf16", "amp"]
 Attention = Literal["sdpa", "eager"]
 OptimizerKind = Literal["foreach", "fused", "forloop"]
+Kernels = Literal["cpu", "cuda"]
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -66,6 +76,12 @@ class Knobs(BaseModel):
         False, description="activation (gradient) checkpointing of every repeated block"
     )
     optimizer: OptimizerKind = Field("foreach", description="AdamW implementation")
+    kernels: Kernels = Field(
+        "cpu",
+        description="whose attention kernels a fake trace runs: cpu (what this CPU runs, to "
+        "compare with a CPU measurement) or cuda (what CUDA's SDPA dispatch picks: what a GPU "
+        "holds; calibration's default, ``cudasdpa.py``)",
+    )
     steps: int = Field(2, ge=1, description="optimizer steps measured (peak over all)")
     seed: int = Field(0, description="parameter and data seed of real runs")
 

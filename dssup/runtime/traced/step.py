@@ -17,8 +17,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from dssup.errors import ConfigError
 from dssup.runtime.reference.crosscheck import live_bytes, profiler_peak
 from dssup.runtime.traced.build import Job, build, loss_of, versions
+from dssup.runtime.traced.cudasdpa import cuda_sdpa
 from dssup.runtime.traced.fakefix import cpu_fake_fixes
 from dssup.runtime.traced.knobs import Knobs, TracedRun
 from dssup.runtime.tracker import (
@@ -82,6 +84,10 @@ class TracedMeasurement(BaseModel):
         default_factory=dict,
         description="bytes the blocks keep from their forward to their backward, by the module "
         "that made them (logged traces)",
+    )
+    kernels_used: dict[str, int] = Field(
+        default_factory=dict,
+        description="attention kernels a cuda-kernel trace took, with why, and how often",
     )
     top_tensors: list[tuple[str, int, int]] = Field(
         default_factory=list,
@@ -153,8 +159,15 @@ def run_steps(
     mt.name_modules(job.model)
     mt.track_external(job.model, opt, *[t for t in batch.values() if isinstance(t, torch.Tensor)])
     fixes = cpu_fake_fixes() if mode == "fake" else contextlib.nullcontext()
+    if knobs.kernels == "cuda" and mode != "fake":
+        raise ConfigError(
+            "--kernels", "CUDA's kernels can only be traced, not run on this CPU", "use --mode fake"
+        )
     start = time.perf_counter()
+    used: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
+        if knobs.kernels == "cuda":
+            used = stack.enter_context(cuda_sdpa()).used
         prof = None
         if mode == "real":
             base = live_bytes(job.model, opt, *batch.values())
@@ -198,6 +211,7 @@ def run_steps(
         windows=mt.windows,
         timelines=mt.timelines or {},
         top_tensors=mt.alive_at_peak() if log_tensors else [],
+        kernels_used=dict(used),
         top_tensors_fb=mt.alive_at_peak(fb=True) if log_tensors else [],
         stored_by_module=_stored(mt) if log_tensors else {},
     )

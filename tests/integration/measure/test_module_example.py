@@ -31,7 +31,8 @@ def _dssup(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_module_factory_calibrates_measures_and_estimates(tmp_path: Path) -> None:
     prof = tmp_path / "block.json"
-    out = _dssup("calibrate", *MODULE, "--seq-len", "64", "--dtype", "amp", "--out", str(prof))
+    out = _dssup("calibrate", *MODULE, "--seq-len", "64", "--dtype", "amp", "--kernels", "cpu",
+                 "--out", str(prof))  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "4 dense blocks in blocks" in out.stdout, out.stdout
     doc = json.loads(prof.read_text())
