@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DSSUP_EXTRAS="${DSSUP_EXTRAS:-dev,train}" bash scripts/setup.sh
+echo "+ .venv/bin/dssup demo $*"
 exec .venv/bin/dssup demo "$@"

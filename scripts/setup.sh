@@ -15,11 +15,24 @@ fi
 stamp=".venv/.dssup-installed-${extras//,/-}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "dssup setup: installing dssup[${extras}] into .venv (first time: a few minutes)"
-  if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".[${extras}]" \
-      > .venv/setup.log 2>&1; then
+  echo "+ .venv/bin/python -m pip install -e '.[${extras}]'   # output in .venv/setup.log"
+  .venv/bin/python -m pip install --disable-pip-version-check -e ".[${extras}]" \
+    > .venv/setup.log 2>&1 &
+  pip_pid=$!
+  started=$SECONDS
+  while kill -0 "$pip_pid" 2>/dev/null; do  # a line of progress every 10 s
+    sleep 2
+    if (( (SECONDS - started) % 10 < 2 && SECONDS > started + 1 )); then
+      last=$(grep -E '^(Collecting|Downloading|Building|Installing|Successfully)' .venv/setup.log \
+        | tail -n 1 | cut -c1-90)
+      echo "dssup setup: $((SECONDS - started)) s: ${last:-starting pip}"
+    fi
+  done
+  if ! wait "$pip_pid"; then
     tail -40 .venv/setup.log >&2
     echo "dssup setup: pip install failed; full log in .venv/setup.log" >&2
     exit 1
   fi
+  echo "dssup setup: installed in $((SECONDS - started)) s"
   touch "$stamp"
 fi

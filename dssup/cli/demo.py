@@ -1,8 +1,8 @@
 """``dssup demo``: the README's main job, on built-in defaults, no arguments needed.
 
 Part 1 predicts: DeepSeek-V3's per-GPU memory on a 1,024-GPU layout (TP 2, PP 16, EP 8,
-DP 32, 80 GiB GPUs) with ``dssup.memory``, printed with the ``estimate`` command's table, and the
-cheapest config that fits with the global batch exact (``dssup.memory.plan``).
+DP 32, H100s) and the configs of that layout that fit with the global batch exact, by running
+``dssup estimate`` and ``dssup plan`` and printing each command before its output.
 
 Part 2 recovers: the example job (``examples/train_tiny.py``, a tiny transformer, 2 gloo ranks
 under real torchrun) runs under ``dssup run`` with rank 1's memory capped at what micro-batch
@@ -26,37 +26,40 @@ from typing import Any
 import click
 
 from dssup.cli.app import main
-from dssup.cli.render import render_estimate
 from dssup.cli.run import build_supervisor, print_summary
 from dssup.cli.values import Place, Whole
 from dssup.errors import ConfigError
-from dssup.memory import GiB, Layout, PlanRequest, Training, estimate, plan, preset
 
 __all__ = ["demo_cmd"]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-LAYOUT = Layout(tp=2, pp=16, ep=8, dp=32)
-GLOBAL_BATCH = 1024
+
+
+# Part 1 runs the CLI's own commands, printed as typed: the figures a user sees running them
+# are the demo's, to the byte (the README shows the same commands).
+ESTIMATE = ["estimate", "--model", "deepseek-v3", "--tp", "2", "--pp", "16", "--ep", "8",
+            "--dp", "32", "--zero", "1", "--recompute", "selective", "--global-batch-size",
+            "1024", "--gpu-memory", "H100"]  # fmt: skip
+PLAN = ["plan", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "16", "--ep",
+        "8", "--fixed-layout", "--global-batch-size", "1024", "--gpu-memory", "H100", "--top",
+        "3"]  # fmt: skip
+
+
+def _run_shown(args: list[str], echo: Any) -> int:
+    """Print ``$ dssup ARGS``, run it as its own process, print what it printed."""
+    echo("$ dssup " + " ".join(args))
+    out = subprocess.run([sys.executable, "-m", "dssup", *args], capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    echo((out.stdout + out.stderr).rstrip())
+    return out.returncode
 
 
 def _part_one(echo: Any) -> None:
-    model = preset("deepseek-v3")
-    training = Training(micro_batch=1, seq_len=4096, grad_accum=32, recompute="selective",
-                        zero_stage=1)  # fmt: skip
-    echo("== 1. Predict: DeepSeek-V3 on 1,024 GPUs (TP 2, PP 16, EP 8, DP 32), 80 GiB each")
-    echo(render_estimate(estimate(model, LAYOUT, training, gpu_memory_bytes=80 * GiB)))
-    req = PlanRequest(model=model, gpu_memory_bytes=80 * GiB, global_batch=GLOBAL_BATCH,
-                      layout=LAYOUT, training=training, limit=3)  # fmt: skip
-    res = plan(req)
-    if res.candidates:
-        c = res.candidates[0]
-        t = c.training
-        echo(
-            f"cheapest config that fits (global batch {GLOBAL_BATCH} exact): micro-batch "
-            f"{t.micro_batch} x accumulation {t.grad_accum} x DP {c.layout.dp}, recompute "
-            f"{t.recompute}, ZeRO-{t.zero_stage}: peak {c.peak_bytes / GiB:.1f} GiB "
-            f"({res.evaluated} configs evaluated)"
-        )
+    echo("== 1. Predict: DeepSeek-V3 on 1,024 H100s (TP 2, PP 16, EP 8, DP 32)")
+    if _run_shown(ESTIMATE, echo) == 1:
+        echo("(exit status 1: it does not fit; the plan below finds what does)")
+    echo("")
+    _run_shown(PLAN, echo)
 
 
 def _filtered(echo: Any) -> Any:
@@ -120,8 +123,12 @@ def demo_cmd(workdir: Path | None, memory_cap_mib: int | None, skip_estimate: bo
         said = "rank 1's memory capped at what micro-batch 16 holds when step 4's logits exist"
     else:
         cap, said = ["--memory-cap-mib", str(memory_cap_mib)], f"{memory_cap_mib} MiB cap on rank 1"
-    click.echo("== 2. Recover: dssup run -- torchrun --nproc-per-node 2 examples/train_tiny.py "
-               f"(micro-batch 16, global batch 32, {said})")  # fmt: skip
+    click.echo(f"== 2. Recover: a real torchrun job (micro-batch 16, global batch 32, {said})")
+    click.echo("$ dssup run --device cpu --backoff 0.5 --quiet --global-batch-size 32 "
+               "--micro-batch-size 16 --checkpoint-dir "
+               f"{work / 'checkpoints'} --run-dir {work / 'run'} -- torchrun --standalone "
+               f"--nproc-per-node 2 {script} {' '.join(cap)} --memory-cap-ranks 1 --out "
+               f"{work / 'recovered.pt'}")  # fmt: skip
     command = [
         "torchrun", "--standalone", "--nproc-per-node", "2", str(script), *cap,
         "--memory-cap-ranks", "1", "--out", str(work / "recovered.pt"),

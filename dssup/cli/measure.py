@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from dssup.cli.app import main
+from dssup.cli.hostmem import PROCESS_BYTES, SAFETY, available_bytes
 from dssup.cli.options import load_profile
 from dssup.cli.traced import run_child, source_options, traced_knobs, traced_source
 from dssup.cli.values import BATCH, DEGREE, LAYERS, TRACE_SEQ_LEN, Choice, Existing, Real, Whole
@@ -200,6 +201,8 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
     offloaded optimizer sits on the meta device, only the device peak is reported).
     """
     source = traced_source(o)
+    if mode == "real":
+        _check_memory(o, source)
     if source is not None:
         request: dict[str, Any] = {"source": source, "knobs": traced_knobs(o)}
         profile = None if calibration is None else _cpu_profile(calibration)
@@ -216,6 +219,48 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
         click.echo(json.dumps(out, separators=(",", ":")))
         return
     click.echo(render_measurement(out, mode))
+
+
+def _step_model(o: dict[str, Any], source: dict[str, Any] | None) -> ModelSpec | None:
+    """The model the measured step builds, as the memory model reads it (None: not known)."""
+    if source is None:
+        return ModelSpec.model_validate(reference_spec(o)["model"])
+    if source["kind"] == "hf":
+        return load_model(source["config"])
+    return load_model(o["module_config"]) if o.get("module_config") else None
+
+
+def _check_memory(o: dict[str, Any], source: dict[str, Any] | None) -> None:
+    """Refuse a real step that cannot fit in this machine's memory, before it starts."""
+    model = _step_model(o, source)
+    if model is None:
+        click.echo(
+            "dssup: note: memory not checked before the run (--module states no sizes; "
+            "--module-config does)",
+            err=True,
+        )
+        return
+    training = Training(
+        micro_batch=o.get("micro_batch", 1), seq_len=o["seq_len"], framework="transformers",
+        attention="sdpa-cpu", precision=_PRECISION[o["dtype"]], recompute=o.get("recompute", "none"),
+        zero_stage=o.get("zero", 0), offload_optimizer=o.get("offload_optimizer", False),
+    )  # fmt: skip
+    try:
+        est = estimate(model, Layout(dp=o.get("dp", 1)), training, _NO_OVERHEADS)
+    except ConfigError:
+        return  # the child reports what it cannot run, in its own words
+    need = int(est.peak.bytes.allocated * SAFETY) + PROCESS_BYTES
+    free, where = available_bytes()
+    if free is not None and need > free:
+        raise ConfigError(
+            "host memory",
+            f"the step needs about {need / 2**30:.1f} GiB (the memory model's "
+            f"{est.peak.bytes.allocated / 2**30:.1f} GiB peak x {SAFETY} + "
+            f"{PROCESS_BYTES >> 30} GiB for the process) and this machine has "
+            f"{free / 2**30:.1f} GiB ({where})",
+            "use fewer --layers, a shorter --seq-len, a smaller -b, or --mode fake (nothing "
+            "allocated)",
+        )
 
 
 def _profile(path: Path) -> Any:

@@ -36,6 +36,41 @@ def _values(est: Estimate, key: str) -> list[float]:
     return out
 
 
+def _layout(est: Estimate) -> str:
+    """The config in one line: model, layout, batch, recompute, ZeRO."""
+    fw = est.framework if est.framework and est.framework != est.convention else None
+    head = f"{est.model} (convention {est.convention}{', framework ' + fw if fw else ''})"
+    i = est.inputs
+    if i is None:
+        return head
+    lay = i.layout
+    parts = [f"TP {lay.tp}", f"PP {lay.pp}"] + [
+        f"{k} {v}" for k, v in (("VPP", lay.vpp), ("EP", lay.ep), ("CP", lay.cp)) if v > 1
+    ]
+    parts += [
+        f"DP {lay.dp}",
+        f"micro-batch {i.micro_batch} x accum {i.grad_accum} (global {i.global_batch})",
+        f"seq {i.seq_len}",
+        f"recompute {i.recompute}",
+        f"ZeRO-{i.zero_stage}",
+    ]
+    if i.offload != "none":
+        parts.append(f"offload {i.offload}")
+    return f"{head}: {', '.join(parts)}"
+
+
+def _verdict(est: Estimate) -> str:
+    g = float(1 << 30)
+    peak = f"peak {est.peak_bytes / g:.1f} GiB on stage {est.peak_stage} ({est.peak_phase})"
+    if est.gpu_memory_bytes is None:
+        return f"{peak}; no GPU to check against"
+    fits = "FITS" if est.headroom_bytes is not None and est.headroom_bytes >= 0 else "DOES NOT FIT"
+    line = f"{peak}: {fits} the GPU's {est.gpu_memory_bytes / g:.1f} GiB"
+    if est.host_fits is False:
+        line += "; DOES NOT FIT the host"
+    return line + (" (near the limit)" if est.near_limit else "")
+
+
 def plot_estimate(est: Estimate, path: Path) -> Path:
     """Write the chart to ``path`` (PNG) atomically and return it."""
     import matplotlib
@@ -55,10 +90,7 @@ def plot_estimate(est: Estimate, path: Path) -> Path:
         ax.axhline(cap, color="black", linestyle="--", linewidth=1.2, label=f"GPU {cap:.0f} GiB")
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per GPU")
-    ax.set_title(
-        f"{est.model} ({est.convention}): peak stage {est.peak_stage}, "
-        f"{est.peak_bytes / float(1 << 30):.1f} GiB"
-    )
+    ax.set_title(f"{_layout(est)}\n{_verdict(est)}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")

@@ -31,7 +31,14 @@ from dssup.memory.core import (
 )
 from dssup.memory.defaults import Resolved, resolve
 from dssup.memory.params import Split, model_total
-from dssup.memory.result import Estimate, HeldStage, ParamCounts, StageBytes, StageEstimate
+from dssup.memory.result import (
+    Estimate,
+    HeldStage,
+    Inputs,
+    ParamCounts,
+    StageBytes,
+    StageEstimate,
+)
 from dssup.memory.spec import ModelSpec
 from dssup.memory.traced import TracedProfile
 from dssup.memory.traced_device import traced_device, traced_in_flight
@@ -187,6 +194,36 @@ def estimate(
         host_memory_bytes=host_memory_bytes,
         host_fits=host_fits,
         host_headroom_bytes=_headroom(host_memory_bytes, per_node),
+        inputs=_inputs(model, layout, training, r, convention),
+    )
+
+
+@lru_cache(maxsize=64)
+def _total(m: ModelSpec, conv: Convention) -> int:
+    return model_total(m, conv)
+
+
+def _inputs(m: ModelSpec, layout: Layout, t: Training, r: Resolved, conv: Convention) -> Inputs:
+    p = r.precision
+    offload = {(True, True): "both", (True, False): "optimizer", (False, True): "params"}
+    return Inputs(
+        parameters=_total(m, conv),
+        layout=layout,
+        micro_batch=t.micro_batch,
+        seq_len=t.seq_len,
+        grad_accum=t.grad_accum,
+        global_batch=t.micro_batch * t.grad_accum * layout.dp,
+        recompute=t.recompute,
+        zero_stage=t.zero_stage,
+        offload=offload.get((t.offload_optimizer, t.offload_params), "none"),
+        bytes_per_parameter={
+            "weights": p.weights,
+            "gradients": p.gradients,
+            "master": p.master,
+            "moments": p.moments,
+            "activations": p.activations,
+        },
+        calibrated=t.implementation is not None,
     )
 
 

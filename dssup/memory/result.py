@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dssup.memory.config import Convention
+from dssup.memory.config import Convention, Layout
 
-__all__ = ["Estimate", "HeldStage", "ParamCounts", "StageBytes", "StageEstimate"]
+__all__ = ["Estimate", "HeldStage", "Inputs", "ParamCounts", "StageBytes", "StageEstimate"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -116,6 +116,25 @@ class StageEstimate(BaseModel):
     )
 
 
+class Inputs(BaseModel):
+    """What was estimated, echoed so a reader of the JSON needs no other record of it."""
+
+    model_config = _FROZEN
+    parameters: int = Field(description="parameters of the whole model (embedding and head once)")
+    layout: Layout = Field(description="parallel layout, with the layer split used")
+    micro_batch: int = Field(description="sequences per micro-batch per data-parallel rank")
+    seq_len: int = Field(description="tokens per sequence")
+    grad_accum: int = Field(description="micro-batches per optimizer step")
+    global_batch: int = Field(description="micro_batch x grad_accum x dp, sequences per step")
+    recompute: str = Field(description="activation recomputation: none, selective or full")
+    zero_stage: int = Field(description="ZeRO stage")
+    offload: str = Field(description="none, optimizer, params or both")
+    bytes_per_parameter: dict[str, int] = Field(
+        description="weights, gradients, master, moments (each moment), activations: bytes"
+    )
+    calibrated: bool = Field(description="a calibration profile replaced the formula's activations")
+
+
 class Estimate(BaseModel):
     """Per-GPU memory of a training config."""
 
@@ -158,6 +177,7 @@ class Estimate(BaseModel):
     )
     host_fits: bool | None = Field(None, description="host_bytes_per_node <= host_memory_bytes")
     host_headroom_bytes: int | None = None
+    inputs: Inputs | None = Field(None, description="the config estimated (model, layout, batch)")
 
     @property
     def peak(self) -> StageEstimate:
