@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,20 @@ def _no_real_work(mp: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+def _repo_files() -> str:
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    return out.stdout
+
+
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    before = _repo_files()
+    yield _made(tmp_path_factory)
+    assert _repo_files() == before, "a hostile value made a command write into the repository"
+
+
+def _made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("hostile")
     (work / "cert.pem").write_text("not read before the server starts\n")
     (work / "cluster.yaml").write_text("[]\n")
@@ -202,8 +215,10 @@ def _plausible(opt: click.Option) -> st.SearchStrategy[str]:
     choices = [str(c) for c in getattr(opt.type, "choices", [])]
     if choices:
         return st.sampled_from(choices)
-    if kind in ("Place", "Existing"):
-        return st.sampled_from(["out.png", JOB, "cluster.yaml", "sub"])
+    if kind == "Place":  # where a command writes: only ever inside the sandbox
+        return st.sampled_from(["out.png", "sub", "new/out.png"])
+    if kind == "Existing":
+        return st.sampled_from([JOB, "cluster.yaml", "."])
     known = PLAUSIBLE_TEXT.get(opt.name or "", [])
     default = [str(opt.default)] if isinstance(opt.default, str) and opt.default else []
     return st.sampled_from(known + default or ["x"])
