@@ -153,10 +153,12 @@ def main(log_format: str, log_level: str) -> None:
 
     \b
     Predict per-GPU memory before you launch:
-      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB
+      dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --zero 1 \\
+          --recompute full --global-batch-size 1024 --gpu-memory H100
     Find the cheapest config that fits, keeping the global batch exact:
       dssup plan --model deepseek-v3 --gpus 1024 --global-batch-size 1024 --gpu-memory 80GiB
     Run a torchrun job that recovers from OOM:
-      dssup run --global-batch-size 64 -- torchrun --nproc-per-node 2 train.py
+      dssup run --global-batch-size 32 --micro-batch-size 16 -- \\
+          torchrun --standalone --nproc-per-node 2 examples/train_tiny.py
     """
     configure_logging("json" if log_format == "json" else "text", log_level)

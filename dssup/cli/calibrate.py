@@ -140,20 +140,22 @@ def calibrate_cmd(out: Path, as_json: bool, recompute_levels: str, kernels: str,
 
     \b
     Your own model code, at its full size (nothing is allocated):
-      dssup calibrate --hf ./DeepSeek-V3/config.json --seq-len 4096 --dtype bf16 --out v3.json
-      dssup calibrate --module mymodels.block:factory --seq-len 2048 --out block.json
+      dssup calibrate --hf deepseek-ai/DeepSeek-V3 --seq-len 4096 --dtype bf16 --out v3.json
+      dssup calibrate --module custom_block.model:factory --module-path examples \\
+          --seq-len 512 --out block.json
     then:
-      dssup estimate --model ./DeepSeek-V3/config.json --calibration v3.json --ep 64 --pp 16 ...
+      dssup estimate --model deepseek-ai/DeepSeek-V3 --calibration v3.json --pp 16 --ep 64 \\
+          --dp 128 --global-batch-size 15360 --recompute full --gpu-memory H800
     and, to check a profile against real CPU steps, trace the CPU's kernels:
-      dssup calibrate --hf ./tiny/config.json --kernels cpu --out tiny.json
-      dssup measure --hf ./tiny/config.json -b 4 --calibration tiny.json
+      dssup calibrate --hf examples/custom_block/config.json --kernels cpu --out tiny.json
+      dssup measure --hf examples/custom_block/config.json -b 4 --calibration tiny.json
 
     \b
     The step is traced at three or more micro-batches for each of three sequence lengths, for
     each recompute level, plus a check trace at a fourth length; a profile that does not
     reproduce its own traces (0.1 %) is refused with the traces that disagree. --model traces
     dssup's reference blocks instead (the older eager profile):
-      dssup calibrate --model deepseek-v2-lite --seq-len 4096 --dtype bf16 --out v2lite.json
+      dssup calibrate --model deepseek-v2-lite --seq-len 1024 --dtype bf16 --out v2lite.json
     """
     source = traced_source(o)
     if source is None:

@@ -147,7 +147,7 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
     \b
     Examples:
       dssup estimate --model deepseek-v3 --tp 2 --pp 16 --ep 8 --dp 32 --gpu-memory 80GiB \\
-          --global-batch-size 1024
+          --global-batch-size 1024        # exit 1: does not fit (no recompute, no ZeRO)
       dssup estimate --model deepseek-v3 --convention paper --tp 2 --pp 16 --ep 8 --dp 32 \\
           --grad-accum 16
       dssup estimate --model deepseek-v3 --gpus 2048 --gpu-memory H800 \\
@@ -155,12 +155,12 @@ def estimate_cmd(as_json: bool, plot: Path | None, verbose: bool, **o: Any) -> N
           --precision fp8 --dtypes moments=bf16 --recompute selective
           # DeepSeek-V3 as trained (docs/memory-model.md): DualPipe implies DeepSeek's
           # framework, the layer split of least peak is found (3,4x14,2) and printed
-      dssup estimate --model ./my-model/config.json --gpus 64 --tp 8 --zero 1 \\
+      dssup estimate --model examples/custom_block/config.json --gpus 64 --tp 2 --zero 1 \\
           --global-batch-size 512 --recompute selective --json
       dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
           --global-batch-size 512 --zero 1
-      dssup estimate --model llama-3-70b --gpus 8 --zero 3 --offload both \\
-          --gpu-memory H100 --host-memory 2TiB
+      dssup estimate --model llama-3-70b --gpus 8 --zero 3 --offload both --recompute full \\
+          --global-batch-size 64 --gpu-memory H100 --host-memory 4TiB
     Hub ids, presets and the model types read exactly: dssup models.
     With --host-memory (per node) the host is checked too: offloaded optimizer states and
     parameters as DeepSpeed keeps them, times the GPUs per node (--gpus-per-node, default from

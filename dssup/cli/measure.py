@@ -187,12 +187,14 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
 
     \b
     Your own model code (one device, AdamW, cross-checked with torch.profiler):
-      dssup measure --hf ./tiny/config.json --seq-len 256 -b 4 --dtype bf16 --attn eager
-      dssup measure --hf ./tiny --recompute full -b 8      # transformers' checkpointing
-      dssup measure --module mymodels.block:factory --seq-len 512 -b 2
+      dssup measure --hf examples/custom_block/config.json --seq-len 256 -b 4 --attn eager
+      dssup measure --hf examples/custom_block --recompute full -b 8   # transformers' checkpointing
+      dssup measure --module custom_block.model:factory --module-path examples --seq-len 512 -b 2
     dssup's reference blocks sized from a preset or config:
-      dssup measure --model llama-3-8b --layers 2 --seq-len 256 -b 2 --dtype amp
-      dssup measure --model llama-3-8b --layers 2 --seq-len 256 --dp 4 --zero 2
+      dssup measure --model openai-community/gpt2 --layers 2 --seq-len 256 -b 2
+      dssup measure --model openai-community/gpt2 --layers 2 --seq-len 256 --dp 4 --zero 2
+    A step that this machine's memory cannot hold is refused before it starts, with the figure:
+      dssup measure --model deepseek-v3 --seq-len 4096 -b 8   # exit 2 (10 TiB of states alone)
 
     \b
     --recompute full checkpoints every repeated block (transformers' own

@@ -51,7 +51,8 @@ def models_cmd(as_json: bool) -> None:
       dssup estimate --model meta-llama/Meta-Llama-3-70B --gpus 64 --tp 8 --pp 2 \\
           --global-batch-size 512 --zero 1
     A config.json of another model_type is refused unless you name an approximation:
-      dssup estimate --model ./kimi/config.json --approximate-as deepseek_v3
+      dssup estimate --model tests/fixtures/models/moonshotai--Kimi-K2-Instruct.json \\
+          --approximate-as deepseek_v3
     Column source: copy (the published file), resave (a save_pretrained copy), printed (the
     config transformers printed after loading the published file), transcription (a
     third-party transcription of it), preset (a dssup preset checked against a file).

@@ -293,7 +293,7 @@ def run_cmd(command: tuple[str, ...], **o: Any) -> None:
 
     \b
       dssup run --global-batch-size 32 --checkpoint-dir ckpt -- \\
-          torchrun --standalone --nproc-per-node 2 train.py --micro-batch-size 16
+          torchrun --standalone --nproc-per-node 2 examples/train_tiny.py --micro-batch-size 16
     """
     sup = build_supervisor(list(command), o)
     outcome = sup.run()

@@ -64,7 +64,7 @@ def status_cmd(run_dir: Path | None, as_json: bool) -> None:
     \b
       dssup status                         # the latest run under ./dssup-runs
       dssup status dssup-runs              # list the runs there
-      dssup status dssup-runs/<run-id>     # one run's story (--json: the numbers)
+      dssup status --json                  # the latest run's numbers
     """
     if run_dir is None:
         runs = _runs(DEFAULT_RUNS)
