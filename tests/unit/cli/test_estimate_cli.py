@@ -283,3 +283,35 @@ def test_calibration_file_switches_to_the_eager_profile(tmp_path: Path) -> None:
     out = run(*base, "--calibration", str(bad))
     assert out.returncode == 2
     assert "--calibration:" in out.stderr and "dssup calibrate" in out.stderr
+
+
+def test_json_echoes_the_inputs() -> None:
+    out = run("estimate", *V3, "--zero", "1", "--global-batch-size", "1024", "--recompute",
+              "selective", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    i = json.loads(out.stdout)["inputs"]
+    assert i["parameters"] == 671_026_419_200  # DeepSeek-V3 without its MTP module
+    assert (i["layout"]["tp"], i["layout"]["pp"], i["layout"]["ep"], i["layout"]["dp"]) == (
+        2, 16, 8, 32,
+    )  # fmt: skip
+    assert sum(i["layout"]["layers_per_stage"]) == 61  # the split the estimate chose
+    assert (i["micro_batch"], i["grad_accum"], i["global_batch"]) == (1, 32, 1024)
+    assert (i["seq_len"], i["recompute"], i["zero_stage"], i["offload"]) == (
+        4096, "selective", 1, "none",
+    )  # fmt: skip
+    assert i["bytes_per_parameter"]["weights"] == 2 and i["calibrated"] is False
+
+
+def test_plot_names_the_layout_and_the_verdict(tmp_path: Path) -> None:
+    from dssup.cli.plot import _layout, _verdict
+    from dssup.memory import Estimate
+
+    out = run("estimate", *V3, "--global-batch-size", "1024", "--gpu-memory", "H100",
+              "--plot", str(tmp_path / "v3.png"))  # fmt: skip
+    assert out.returncode == 1 and (tmp_path / "v3.png").stat().st_size > 10_000
+    doc = json.loads(run("estimate", *V3, "--global-batch-size", "1024", "--gpu-memory", "H100",
+                         "--json").stdout)  # fmt: skip
+    est = Estimate.model_validate(doc)
+    assert _layout(est).startswith("deepseek-v3 (convention megatron): TP 2, PP 16, EP 8, DP 32")
+    assert "micro-batch 1 x accum 32 (global 1024)" in _layout(est)
+    assert "DOES NOT FIT the GPU's 79.2 GiB" in _verdict(est)
