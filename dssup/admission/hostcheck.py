@@ -22,17 +22,9 @@ from typing import NamedTuple
 from dssup.admission.view import JobView
 from dssup.memory import Estimate, GiB
 from dssup.memory.gpus import gpu_for_product
+from dssup.memory.offload import HOST_TERMS
 
 __all__ = ["HostVerdict", "host_verdict"]
-
-_LABELS = {
-    "optimizer_states": "optimizer offload",
-    "fp32_gradients": "FP32 gradients",
-    "gradient_buffer": "gradient buffer",
-    "parameters": "parameter offload",
-    "optimizer_step": "optimizer step",
-    "pinned_buffers": "pinned buffers",
-}
 
 
 class HostVerdict(NamedTuple):
@@ -63,7 +55,7 @@ def _terms(est: Estimate, count: int) -> tuple[int, str]:
     if stage.host_init_bytes > stage.host_bytes:
         return count * stage.host_init_bytes, "model built on the host before partitioning"
     parts = sorted(stage.host_terms.items(), key=lambda kv: -kv[1])
-    text = ", ".join(f"{_LABELS.get(k, k)} {count * v / GiB:.1f}" for k, v in parts)
+    text = ", ".join(f"{HOST_TERMS.get(k, k)} {count * v / GiB:.1f}" for k, v in parts)
     return count * stage.host_bytes, text or "offloaded states"
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from dssup.memory import Estimate
 from dssup.memory.capacity import Band, near_words
+from dssup.memory.offload import HOST_TERMS
 
 __all__ = ["gib", "render_estimate", "table"]
 
@@ -138,18 +139,8 @@ def _host_lines(est: Estimate) -> list[str]:
             f"(headroom {gib(est.host_headroom_bytes)} GiB)"
         )
     n = est.gpus_per_node or 1
-    parts = [(_HOST_LABELS.get(k, k), v * n) for k, v in peak.host_terms.items()]
+    parts = [(HOST_TERMS.get(k, k), v * n) for k, v in peak.host_terms.items()]
     if peak.host_init_bytes > peak.host_bytes:  # the build, not training, sets the need
         parts = [("model build before partitioning", peak.host_init_bytes * n)]
     terms = ", ".join(f"{name} {gib(v)}" for name, v in sorted(parts, key=lambda x: -x[1]))
     return [line, f"host per node by term (GiB): {terms}"] if terms else [line]
-
-
-_HOST_LABELS = {
-    "optimizer_states": "optimizer offload (FP32 master + Adam moments)",
-    "fp32_gradients": "FP32 gradient partition",
-    "gradient_buffer": "gradient buffer",
-    "parameters": "parameter offload",
-    "optimizer_step": "optimizer step",
-    "pinned_buffers": "pinned buffers and allocator",
-}

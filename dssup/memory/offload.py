@@ -45,16 +45,15 @@ __all__ = [
 FP32 = 4
 
 
-# What each host term is, for the reader of an estimate (keys are the JSON's ``host_terms``).
+# What each host term is, in a few words (keys are the JSON's ``host_terms``): the one label
+# table the CLI's table and the admission answer both print.
 HOST_TERMS = {
-    "optimizer_states": "optimizer offload: FP32 master weights and Adam moments",
-    "fp32_gradients": "optimizer offload: FP32 gradient partition",
-    "gradient_buffer": "optimizer offload: 16-bit gradient buffer (ZeRO 3) or the 16-bit "
-    "gradient copy kept between micro-steps (ZeRO 1/2 with accumulation)",
-    "parameters": "parameter offload: the 16-bit parameter partition",
-    "optimizer_step": "the optimizer step's temporaries on the host",
-    "pinned_buffers": "pinned staging buffers, allocator and process (the host overhead)",
-    "model_build": "the model built on the host before partitioning (--host-load-dtype)",
+    "optimizer_states": "optimizer offload (FP32 master + Adam moments)",
+    "fp32_gradients": "FP32 gradient partition",
+    "gradient_buffer": "gradient buffer",
+    "parameters": "parameter offload",
+    "optimizer_step": "optimizer step",
+    "pinned_buffers": "pinned buffers and allocator",
 }
 
 

@@ -34,6 +34,7 @@ from tests.docs.doccheck import (
     markdown_snippets,
 )
 from tests.procs import reap, reap_tokens
+from tests.repo import repo_state
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINKED = ("examples", "k8s", "docs", "dssup", "tests", "bench", "scripts", "gpu")
@@ -72,19 +73,11 @@ def _id(s: Snippet) -> str:
 @pytest.fixture(scope="module")
 def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     made: dict[str, Path] = {}
-    before = _repo_state()
+    before = repo_state()
     yield made
     for box in made.values():  # nothing a documented command started may outlive the tests
         reap_tokens([j.parent for j in box.rglob("journal.jsonl")])
-    assert _repo_state() == before, "a documented command wrote into the repository"
-
-
-def _repo_state() -> str:
-    out = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=all"],
-        cwd=REPO, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return out.stdout
+    assert repo_state() == before, "a documented command wrote into the repository"
 
 
 def _sandbox(made: dict[str, Path], doc: str, tmp: Path) -> Path:

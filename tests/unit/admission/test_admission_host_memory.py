@@ -34,7 +34,12 @@ def test_over_the_pod_limit_is_denied_with_the_terms(policy: Policy) -> None:
     d = policy.judge(_with_limit("16Gi"), "team-a", "validate")
     assert not d.allowed and d.code == "predicted-host-oom"
     assert "host memory needed 123.4 GiB per pod" in d.message
-    for term in ("optimizer offload", "pinned buffers", "FP32 gradients", "parameter offload"):
+    for term in (
+        "optimizer offload",
+        "pinned buffers",
+        "FP32 gradient partition",
+        "parameter offload",
+    ):
         assert term in d.message
     assert "exceeds 16.0 GiB (the GPU container's memory limit)" in d.message
     assert "raise the memory limit to at least 123.4 GiB" in d.message

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dssup.cli import main
+from tests.repo import repo_state
 
 REPO = Path(__file__).resolve().parents[3]
 JOB = str(REPO / "examples" / "k8s" / "pytorchjob-deepseek-v3.yaml")
@@ -126,17 +126,11 @@ def _no_real_work(mp: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def _repo_files() -> str:
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
-                         capture_output=True, text=True, check=False)  # fmt: skip
-    return out.stdout
-
-
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    before = _repo_files()
+    before = repo_state()
     yield _made(tmp_path_factory)
-    assert _repo_files() == before, "a hostile value made a command write into the repository"
+    assert repo_state() == before, "a hostile value made a command write into the repository"
 
 
 def _made(tmp_path_factory: pytest.TempPathFactory) -> Path:
