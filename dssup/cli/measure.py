@@ -203,8 +203,7 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
     offloaded optimizer sits on the meta device, only the device peak is reported).
     """
     source = traced_source(o)
-    if mode == "real":
-        _check_memory(o, source)
+    unchecked = _check_memory(o, source) if mode == "real" else None
     if source is not None:
         request: dict[str, Any] = {"source": source, "knobs": traced_knobs(o)}
         profile = None if calibration is None else _cpu_profile(calibration)
@@ -218,9 +217,13 @@ def measure_cmd(mode: str, calibration: Path | None, as_json: bool, **o: Any) ->
         if calibration is not None:
             _predict_into(out, predict(spec, _profile(calibration)))
     if as_json:
+        if unchecked:
+            out["note"] = unchecked
         click.echo(json.dumps(out, separators=(",", ":")))
         return
     click.echo(render_measurement(out, mode))
+    if unchecked:  # after the run: a refusal of the input stays one line
+        click.echo(f"note: {unchecked}")
 
 
 def _step_model(o: dict[str, Any], source: dict[str, Any] | None) -> ModelSpec | None:
@@ -232,16 +235,12 @@ def _step_model(o: dict[str, Any], source: dict[str, Any] | None) -> ModelSpec |
     return load_model(o["module_config"]) if o.get("module_config") else None
 
 
-def _check_memory(o: dict[str, Any], source: dict[str, Any] | None) -> None:
-    """Refuse a real step that cannot fit in this machine's memory, before it starts."""
+def _check_memory(o: dict[str, Any], source: dict[str, Any] | None) -> str | None:
+    """Refuse a real step that cannot fit in this machine's memory, before it starts; the note
+    to print after the run when it could not be checked."""
     model = _step_model(o, source)
     if model is None:
-        click.echo(
-            "dssup: note: memory not checked before the run (--module states no sizes; "
-            "--module-config does)",
-            err=True,
-        )
-        return
+        return "memory not checked before the run (--module states no sizes; --module-config does)"
     training = Training(
         micro_batch=o.get("micro_batch", 1), seq_len=o["seq_len"], framework="transformers",
         attention="sdpa-cpu", precision=_PRECISION[o["dtype"]], recompute=o.get("recompute", "none"),
@@ -250,7 +249,7 @@ def _check_memory(o: dict[str, Any], source: dict[str, Any] | None) -> None:
     try:
         est = estimate(model, Layout(dp=o.get("dp", 1)), training, _NO_OVERHEADS)
     except ConfigError:
-        return  # the child reports what it cannot run, in its own words
+        return None  # the child reports what it cannot run, in its own words
     need = int(est.peak.bytes.allocated * SAFETY) + PROCESS_BYTES
     free, where = available_bytes()
     if free is not None and need > free:
@@ -263,6 +262,7 @@ def _check_memory(o: dict[str, Any], source: dict[str, Any] | None) -> None:
             "use fewer --layers, a shorter --seq-len, a smaller -b, or --mode fake (nothing "
             "allocated)",
         )
+    return None
 
 
 def _profile(path: Path) -> Any:
