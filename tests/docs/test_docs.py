@@ -3,21 +3,18 @@ example runs as written and does what it shows (rules: ``tests/docs/doccheck.py`
 
 A document's commands run in document order in one sandbox folder (the repository's folders
 linked in), so a command may use what an earlier one wrote (``dssup calibrate ... --out v3.json``
-then ``--calibration v3.json``). A block that cannot run here is marked with its reason in the
-document and listed by ``test_what_is_not_run_says_why``. At the end the repository must be
-as clean as before: no documented command writes into it.
+then ``--calibration v3.json``). They run in the background from the end of collection
+(``tests/docs/runner.py``; these tests run last and check what each command did). A block that
+cannot run here is marked with its reason in the document and listed by
+``test_what_is_not_run_says_why``. At the end the repository must be as clean as before: no
+documented command writes into it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import click
 import pytest
@@ -33,12 +30,11 @@ from tests.docs.doccheck import (
     inline_snippets,
     markdown_snippets,
 )
-from tests.procs import reap, reap_tokens
+from tests.docs.runner import Outcome, Runner
 from tests.repo import repo_state
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-LINKED = ("examples", "k8s", "docs", "dssup", "tests", "bench", "scripts", "gpu")
-TIMEOUT = 900  # s per command: the slowest documented one (a full DeepSeek-V3 trace) is ~60 s
+WAIT = 3 * 3600  # s a test waits for its document's commands (each is bounded by TIMEOUT)
 
 
 def _helps() -> dict[str, str]:
@@ -70,57 +66,11 @@ def _id(s: Snippet) -> str:
     return s.where
 
 
-@pytest.fixture(scope="module")
-def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    made: dict[str, Path] = {}
-    before = repo_state()
-    yield made
-    for box in made.values():  # nothing a documented command started may outlive the tests
-        reap_tokens([j.parent for j in box.rglob("journal.jsonl")])
-    assert repo_state() == before, "a documented command wrote into the repository"
-
-
-def _sandbox(made: dict[str, Path], doc: str, tmp: Path) -> Path:
-    if doc not in made:
-        box = tmp / re.sub(r"[^A-Za-z0-9]+", "-", doc)
-        box.mkdir(parents=True, exist_ok=True)
-        for name in LINKED:
-            (box / name).symlink_to(REPO / name)
-        made[doc] = box
-    return made[doc]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update(HF_HUB_OFFLINE="1", MPLBACKEND="Agg", PYTHONPATH=str(REPO))
-    return env
-
-
-def _run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen(
-        ["bash", "-c", command], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        reap(proc, None)
-        reap_tokens([j.parent for j in cwd.rglob("journal.jsonl")])
-        out, err = proc.communicate()
-        pytest.fail(f"timed out after {TIMEOUT} s: {command}\n{out[-2000:]}\n{err[-2000:]}")
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
-
-
 def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
-def _check_command(cmd: Command, cwd: Path, where: str) -> None:
-    res = _run(cmd.text, cwd)
+def _check_command(cmd: Command, res: subprocess.CompletedProcess[str], where: str) -> None:
     shown = (
         f"{where}: $ {cmd.text}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
     )
@@ -170,27 +120,32 @@ def test_what_is_not_run_says_why(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(skipped) <= 12, "most documented commands must run here"
 
 
+@pytest.fixture(scope="session")
+def runner(request: pytest.FixtureRequest) -> Runner:
+    """The runner ``tests/docs/conftest.py`` started when collection ended."""
+    found: Runner | None = getattr(request.config, "dssup_docs_runner", None)
+    assert found is not None, "tests/docs/conftest.py starts the runner when collection ends"
+    return found
+
+
+def _ran(runner: Runner, snip: Snippet) -> Outcome:
+    out = runner.outcome(snip, WAIT)
+    if out.failure:
+        ran = "".join(f"$ {c.text}\n" for c, _ in out.results)
+        pytest.fail(f"{snip.where}: {out.failure}\n{ran}")
+    return out
+
+
+@pytest.mark.timeout(WAIT + 60)
 @pytest.mark.parametrize("snip", SNIPPETS, ids=_id)
-def test_doc_snippet(
-    snip: Snippet, sandboxes: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> None:
+def test_doc_snippet(snip: Snippet, runner: Runner) -> None:
     if snip.skip:
         return  # listed, with its reason, by test_what_is_not_run_says_why
-    box = _sandbox(sandboxes, snip.doc, tmp_path_factory.getbasetemp() / "docs")
-    if snip.kind == "shell":
-        assert snip.commands, f"{snip.where}: a command block without commands"
-        for cmd in snip.commands:
-            _check_command(cmd, box, snip.where)
-    elif snip.kind == "python":
-        script = box / "snippet.py"
-        code = snip.text
-        if snip.fragment:  # the reader's own objects: compile, run the imports
-            compile(code, snip.where, "exec")
-            code = "\n".join(
-                line for line in code.splitlines() if re.match(r"\s*(from \S+ )?import ", line)
-            )
-        script.write_text(code)
-        _check_command(Command(f"{sys.executable} snippet.py"), box, snip.where)
+    if snip.kind in ("shell", "python"):
+        out = _ran(runner, snip)
+        assert out.results, f"{snip.where}: a command block without commands"
+        for cmd, res in out.results:
+            _check_command(cmd, res, snip.where)
     elif snip.kind == "json":
         json.loads(snip.text)
     elif snip.kind == "yaml":
@@ -201,7 +156,7 @@ def test_doc_snippet(
         shown = set(re.findall(r"(--[a-z][a-z0-9-]*)", snip.text))
         assert shown <= known, f"{snip.where}: {sorted(shown - known)} not in {snip.target} --help"
     elif snip.kind == "keys":
-        res = _run(snip.target, box)
+        ((_, res),) = _ran(runner, snip).results
         assert res.returncode in (0, 1), res.stderr
         got: set[str] = set()
 
@@ -223,3 +178,11 @@ def test_doc_snippet(
         known = _known(path)
         unknown = [f for f in flags if f not in known]
         assert not unknown, f"{snip.where}: {unknown} are not flags of dssup {' '.join(path)}"
+
+
+@pytest.mark.timeout(WAIT + 60)
+def test_the_repository_is_left_clean(runner: Runner) -> None:
+    """Runs after every snippet (conftest orders it last): no documented command wrote into
+    the repository."""
+    assert runner.finished(WAIT), "the documents' commands did not finish"
+    assert repo_state() == runner.before, "a documented command wrote into the repository"

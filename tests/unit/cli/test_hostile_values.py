@@ -111,8 +111,10 @@ def _options(cmd: click.Command) -> list[click.Option]:
 
 @contextlib.contextmanager
 def _no_real_work(mp: pytest.MonkeyPatch) -> Iterator[None]:
-    """Torchrun, traced children and the HTTPS server: stopped where they would start."""
+    """Torchrun, traced children and the HTTPS server: stopped where they would start (the
+    demo's own ``dssup estimate``/``plan`` children answer at once: they run in the docs tests)."""
     import dssup.cli.calibrate
+    import dssup.cli.demo
     import dssup.cli.measure
     import dssup.cli.webhook
     from dssup.supervisor import Supervisor
@@ -123,6 +125,7 @@ def _no_real_work(mp: pytest.MonkeyPatch) -> Iterator[None]:
     mp.setattr(dssup.cli.measure, "run_child", _reached)
     mp.setattr(dssup.cli.calibrate, "run_child", _reached)
     mp.setattr(dssup.cli.webhook, "WebhookServer", _reached)
+    mp.setattr(dssup.cli.demo, "_run_shown", lambda *_: 0)
     yield
 
 
