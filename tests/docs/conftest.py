@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from tests.docs.doccheck import Snippet
 from tests.docs.runner import Runner
 
 DOCS_TESTS = "tests/docs/test_docs.py::"
@@ -26,12 +25,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     others = [i for i in items if not i.nodeid.startswith(DOCS_TESTS)]
     last = [i for i in docs if i.name == "test_the_repository_is_left_clean"]
     items[:] = [*others, *(i for i in docs if i not in last), *last]
-    selected: list[Snippet] = [
-        i.callspec.params["snip"]
+    wanted = {
+        i.callspec.params["snip"].where
         for i in docs
         if hasattr(i, "callspec") and "snip" in i.callspec.params
-    ]
-    wanted = {s.where for s in selected}
+    }
     from tests.docs.test_docs import SNIPPETS
 
     upto: dict[str, int] = {}  # per document: index of its last selected snippet

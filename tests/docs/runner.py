@@ -44,7 +44,6 @@ class Outcome:
 
     results: list[tuple[Command, subprocess.CompletedProcess[str]]] = field(default_factory=list)
     failure: str = ""
-    box: Path | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -106,7 +105,6 @@ class Runner:
             box = self._sandbox(doc)
             for snip in self._docs[doc]:
                 out = self.outcomes[snip.where]
-                out.box = box
                 try:
                     self._run_snippet(snip, box, out)
                 except Exception as exc:  # recorded: the snippet's test reports it

@@ -19,7 +19,8 @@ from tests.procs import dssup_cli
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
-TRACE = ["--dtype", "bf16", "--seq-len", "256", "--recompute-levels", "none"]
+STEP = ["--dtype", "bf16", "--seq-len", "256"]
+TRACE = [*STEP, "--recompute-levels", "none"]
 
 
 def _dssup(*args: str) -> subprocess.CompletedProcess[str]:
@@ -52,7 +53,7 @@ def test_cuda_kernels_by_default_and_cpu_on_request(tmp_path: Path) -> None:
     # the CPU's math path keeps b*h*s*s FP32 probabilities per layer: 16 heads x 4096^2 x 4 B
     # = 1 GiB per layer, 2 layers; CUDA's memory-efficient kernel keeps none of it
     assert est["cpu"] - est["cuda"] >= 2 * (1 << 30)
-    check = _dssup("measure", "--hf", model, *TRACE[:4], "-b", "2", "--calibration", str(cuda))
+    check = _dssup("measure", "--hf", model, *STEP, "-b", "2", "--calibration", str(cuda))
     assert check.returncode == 2
     assert check.stderr.strip().endswith(
         "calibrate again with --kernels cpu for a check on this CPU"
